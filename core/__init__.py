@@ -1,0 +1,42 @@
+"""splitinfer: edge-cloud split inference.
+
+The parts are subpackages: :mod:`splitinfer.splitter` (model → verified split plan),
+:mod:`splitinfer.transport` (frames on the wire), :mod:`splitinfer.cloud` (the server side),
+:mod:`splitinfer.edge` (the device side). The package root holds only what every part shares:
+the error tree and tensor types. It stays import-light so the edge install stays small.
+"""
+
+from __future__ import annotations
+
+from ._types import TensorSpec
+from .errors import (
+    CutError,
+    ModelError,
+    ModelLoadError,
+    PlanError,
+    PlanFormatError,
+    PlanIntegrityError,
+    ProtocolError,
+    ShapeError,
+    SplitinferError,
+    UnsupportedModelError,
+    VerificationError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "TensorSpec",
+    "SplitinferError",
+    "ModelError",
+    "ModelLoadError",
+    "ShapeError",
+    "UnsupportedModelError",
+    "CutError",
+    "PlanError",
+    "PlanFormatError",
+    "PlanIntegrityError",
+    "VerificationError",
+    "ProtocolError",
+]

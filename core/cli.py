@@ -1,0 +1,293 @@
+"""The ``splitinfer`` command. One subcommand per job; each imports its part lazily so that
+``splitinfer --help`` and the edge's commands stay fast and light.
+
+Exit status: 0 success; 1 a check failed (``verify``); 2 bad input (the message names it).
+With ``--json`` the last line on stdout is one JSON object, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import SplitinferError, VerificationError
+
+__all__ = ["main"]
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output is read by people too: do not squeeze tables to 80 columns.
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+class _Progress:
+    """A rich progress bar on stderr, fed (message, fraction) by the splitter."""
+
+    def __init__(self, title: str, enabled: bool) -> None:
+        self.title, self.enabled = title, enabled and sys.stderr.isatty()
+        self._bar: Any = None
+
+    def __enter__(self) -> Callable[[str, float], None]:
+        if not self.enabled:
+            return lambda what, frac: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[what]}"),
+                             TimeElapsedColumn(), console=_console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task(self.title, total=1.0, what="")
+        return lambda what, frac: self._bar.update(task, completed=frac, what=what)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# ---------------------------------------------------------------- rendering
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n} B"
+
+
+def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None = None) -> None:
+    from rich.table import Table
+
+    con = _console()
+    m = summary["model"]
+    con.print(f"[bold]{m['name']}[/]  plan {summary['plan']}  hash {summary['plan_hash'][:16]}…  "
+              f"{m['flops'] / 1e9:.2f} GFLOP, {m['nodes']} nodes")
+    for io in ("inputs", "outputs"):
+        con.print(f"  {io}: " + ", ".join(f"{t['name']} {t['shape']} {t['dtype']}" for t in summary[io]))
+    if summary["profiles"]:
+        con.print("  profiles: " + ", ".join(f"{k} ({v['role']}, whole model {v['whole_ms']:.1f} ms)"
+                                           for k, v in summary["profiles"].items() if v.get("whole_ms") is not None))
+    a = summary["assumptions"]
+    bws = list(summary["best_at_mbps"])
+    table = Table(title=f"candidates (predictions: edge = split host × {a['edge_slowdown']:g} unless profiled "
+                        f"on the edge, RTT {a['rtt_ms']:g} ms)", title_style="", header_style="bold")
+    for col in ("id", "cut tensors", "sends", "edge GFLOP", "cloud GFLOP", "edge ms", "cloud ms"):
+        table.add_column(col, justify="left" if col in ("id", "cut tensors") else "right")
+    for bw in bws:
+        table.add_column(f"@{float(bw):g} Mbit/s", justify="right")
+    checks = {c["id"]: c for c in (verification or {}).get("candidates", [])}
+    if checks:
+        table.add_column("verified", justify="right")
+    for c in summary["candidates"]:
+        cut = ", ".join(c["cut"][:3]) + (f" +{len(c['cut']) - 3}" if len(c["cut"]) > 3 else "")
+        if c["kind"] == "edge":
+            cut = "(all-edge)"
+        elif c["kind"] == "cloud":
+            cut = f"(all-cloud) {cut}"
+        row = [c["id"], cut, _fmt_bytes(c["bytes"]) if c["kind"] != "edge" else "-",
+               f"{c['flops_edge'] / 1e9:.2f}", f"{c['flops_cloud'] / 1e9:.2f}",
+               "-" if c["edge_ms"] is None else f"{c['edge_ms']:.1f}",
+               "-" if c["cloud_ms"] is None else f"{c['cloud_ms']:.1f}"]
+        for bw in bws:
+            p = c["predicted_ms"].get(bw)
+            txt = "-" if p is None else f"{p:,.1f}"
+            row.append(f"[bold green]{txt}[/]" if summary["best_at_mbps"][bw] == c["id"] else txt)
+        if checks:
+            ch = checks.get(c["id"])
+            row.append("-" if ch is None else (f"✓ {ch['max_abs_diff']:.1e}" if ch["ok"] else f"[red]✗ {ch['problem']}[/]"))
+        table.add_row(*row)
+    con.print(table)
+
+
+# ---------------------------------------------------------------- subcommands
+
+def _load_source(arg: str, shapes: dict[str, tuple[int, ...]]) -> tuple[Any, Any, dict[str, tuple[int, ...]]]:
+    """``MODEL`` is an ONNX path or ``ref:NAME`` for a reference model."""
+    if arg.startswith("ref:"):
+        from .models import REFERENCE_MODELS, build
+
+        name = arg[4:]
+        if name not in REFERENCE_MODELS:
+            raise SplitinferError(f"unknown reference model {name!r}; expected one of {sorted(REFERENCE_MODELS)}")
+        shape = next(iter(shapes.values()), None)
+        model, example = build(name, shape)
+        return model, example, {}
+    return Path(arg), None, shapes
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    from .splitter import parse_input_shape, plan_summary, split_model
+
+    shapes = dict(parse_input_shape(s) for s in args.input_shape or [])
+    source, example, shapes = _load_source(args.model, shapes)
+    extra = _load_npy(args.input, None) if args.input else []
+    with _Progress("split", not args.json) as progress:
+        res = split_model(source, args.output, input_shapes=shapes, example_input=example,
+                          max_candidates=args.candidates, cut=args.cut.split(",") if args.cut else None,
+                          verify=not args.no_verify, verify_inputs=extra, threads=args.threads,
+                          profile=not args.no_profile, force=args.force, edge_slowdown=args.edge_slowdown,
+                          progress=progress)
+    summary = plan_summary(res.plan, edge_slowdown=args.edge_slowdown)
+    ver = res.verification.to_json() if res.verification else None
+    if args.json:
+        _emit_json({"ok": True, **summary, "verification": ver})
+    else:
+        _print_summary(summary, ver)
+        png = res.plan.path / "report.png"
+        _console().print(f"wrote {res.plan.path}" + (f" and {png}" if png.exists() else ""))
+    return 0
+
+
+def _load_npy(path: str, plan: Any) -> list[dict[str, Any]]:
+    import numpy as np
+
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SplitinferError(f"{path}: not a .npy/.npz file: {exc}") from exc
+    if isinstance(data, np.ndarray):
+        if plan is not None and len(plan.inputs) != 1:
+            raise SplitinferError(f"{path}: a .npy holds one array but the model has inputs "
+                                  f"{[t.name for t in plan.inputs]}; use a .npz with one array per input")
+        name = plan.inputs[0].name if plan is not None else "input"
+        return [{name: data}]
+    return [dict(data.items())]
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .splitter import Plan, verify_plan
+
+    plan = Plan.load(args.plan)
+    extra = _load_npy(args.input, plan) if args.input else []
+    report = verify_plan(plan, extra_inputs=extra, tolerance=args.tolerance, threads=args.threads)
+    if args.json:
+        _emit_json({"plan": str(plan.path), "plan_hash": plan.hash, **report.to_json()})
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"verify {plan.path} (tolerance {report.tolerance:g}, inputs: {', '.join(report.inputs)})",
+                  header_style="bold")
+        for col in ("candidate", "max |diff|", "batch-2 max |diff|", "result"):
+            t.add_column(col)
+        for c in report.checks:
+            t.add_row(c.id, f"{c.max_abs_diff:.2e}",
+                      "-" if c.batch_max_abs_diff is None else f"{c.batch_max_abs_diff:.2e}",
+                      "[green]ok[/]" if c.ok else f"[red]FAIL[/] {c.problem}")
+        _console().print(t)
+        _console().print("[bold green]all candidates match[/]" if report.ok else "[bold red]verification failed[/]")
+    return 0 if report.ok else 1
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .splitter import Plan, plan_summary
+
+    plan = Plan.load(args.plan)
+    summary = plan_summary(plan, edge_slowdown=args.edge_slowdown)
+    if args.json:
+        _emit_json(summary)
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .splitter import Plan, profile_plan
+
+    plan = Plan.load(args.plan)
+    with _Progress(f"profile ({args.role})", not args.json) as progress:
+        name, info = profile_plan(plan, role=args.role, device=args.name, threads=args.threads, progress=progress)
+    if args.json:
+        _emit_json({"plan": str(plan.path), "device": name, **info})
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"{name}: {info['processor']}, {info['threads'] or 'default'} threads, "
+                        f"whole model {info['whole_ms']:.2f} ms", header_style="bold")
+        t.add_column("candidate")
+        for col in ("edge ms", "cloud ms"):
+            t.add_column(col, justify="right")
+        for cid, times in info["candidates"].items():
+            t.add_row(cid, *(f"{times[k]:.2f}" if k in times else "-" for k in ("edge_ms", "cloud_ms")))
+        _console().print(t)
+        _console().print(f"stored profile {name!r} in {plan.path / 'manifest.json'} (plan hash unchanged)")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="splitinfer", description="Edge-cloud split inference.")
+    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser("split", help="cut a model into a verified plan directory")
+    s.add_argument("model", help="an ONNX file, or ref:NAME for a reference model (yolo-n, yolo-s, chain, transformer)")
+    s.add_argument("-o", "--output", required=True, help="plan directory to create")
+    s.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="fix an input's shape (repeat per input)")
+    s.add_argument("--candidates", type=int, default=8, metavar="K", help="keep at most K candidate cuts (default 8)")
+    s.add_argument("--cut", metavar="T1,T2", help="force this cut (tensor names) besides the two ends")
+    s.add_argument("--input", metavar="NPY", help="also verify on this .npy/.npz input")
+    s.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all)")
+    s.add_argument("--edge-slowdown", type=float, default=5.0,
+                   help="predictions: the edge is this many times slower than this machine until profiled (default 5)")
+    s.add_argument("--no-verify", action="store_true", help="skip verification (not recommended)")
+    s.add_argument("--no-profile", action="store_true", help="skip timing; pick cuts from FLOPs")
+    s.add_argument("--force", action="store_true", help="replace an existing plan directory")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(fn=_cmd_split)
+
+    v = sub.add_parser("verify", help="check every candidate against the whole model")
+    v.add_argument("plan")
+    v.add_argument("--input", metavar="NPY", help="also verify on this .npy (one input) or .npz (named inputs)")
+    v.add_argument("--tolerance", type=float, default=1e-5, help="max abs difference allowed (default 1e-5)")
+    v.add_argument("--threads", type=int, default=None)
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(fn=_cmd_verify)
+
+    i = sub.add_parser("inspect", help="print a plan's manifest summary")
+    i.add_argument("plan")
+    i.add_argument("--edge-slowdown", type=float, default=5.0)
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=_cmd_inspect)
+
+    pr = sub.add_parser("profile", help="time a plan on this machine and store the device profile in it")
+    pr.add_argument("plan")
+    pr.add_argument("--role", choices=("edge", "cloud", "both"), required=True)
+    pr.add_argument("--name", metavar="DEVICE", help="profile name (default ROLE-HOSTNAME)")
+    pr.add_argument("--threads", type=int, default=None)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=_cmd_profile)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except VerificationError as exc:
+        return _fail(args, exc, 1)
+    except SplitinferError as exc:
+        return _fail(args, exc, 2)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(args: argparse.Namespace, exc: Exception, code: int) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    if getattr(args, "json", False):
+        _emit_json({"ok": False, "error": str(exc), "error_type": type(exc).__name__})
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

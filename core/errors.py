@@ -1,0 +1,78 @@
+"""The one exception root of splitinfer and the tree below it.
+
+Every error the SDK raises on purpose derives from :class:`SplitinferError`; errors of the
+libraries underneath (onnx, onnxruntime, protobuf, sockets) are translated at the boundary with
+``raise ... from exc`` so callers catch one family. Messages say what was expected and what came.
+
+    SplitinferError
+    ├── ModelError                 the model given cannot be used as it is
+    │   ├── ModelLoadError         not an ONNX file, truncated, fails the checker
+    │   ├── ShapeError             shapes that cannot be fixed, wrong input shapes or dtypes
+    │   └── UnsupportedModelError  an operator or construct the splitter cannot handle
+    ├── CutError                   a requested cut is unknown, not closed, or empty
+    ├── PlanError                  a plan directory is unusable
+    │   ├── PlanFormatError        manifest missing, malformed, or of an unknown version
+    │   └── PlanIntegrityError     a file does not match the hash in the manifest
+    ├── VerificationError          a split composition does not reproduce the whole model
+    └── ProtocolError              (transport) a frame that breaks the wire format
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SplitinferError",
+    "ModelError",
+    "ModelLoadError",
+    "ShapeError",
+    "UnsupportedModelError",
+    "CutError",
+    "PlanError",
+    "PlanFormatError",
+    "PlanIntegrityError",
+    "VerificationError",
+    "ProtocolError",
+]
+
+
+class SplitinferError(Exception):
+    """Root of every error splitinfer raises on purpose."""
+
+
+class ModelError(SplitinferError):
+    """The model given cannot be used as it is."""
+
+
+class ModelLoadError(ModelError):
+    """The file is not an ONNX model, is truncated, or fails ``onnx.checker``."""
+
+
+class ShapeError(ModelError):
+    """Input shapes are dynamic and not given, or an input has the wrong shape or dtype."""
+
+
+class UnsupportedModelError(ModelError):
+    """The model uses something the splitter does not handle (say, control flow at a cut)."""
+
+
+class CutError(SplitinferError):
+    """A requested cut names unknown tensors, is not closed, or cuts nothing."""
+
+
+class PlanError(SplitinferError):
+    """A plan directory cannot be used."""
+
+
+class PlanFormatError(PlanError):
+    """The manifest is missing, not valid JSON, of an unknown version, or lacks a field."""
+
+
+class PlanIntegrityError(PlanError):
+    """A file of the plan does not match the sha256 recorded in the manifest."""
+
+
+class VerificationError(SplitinferError):
+    """A candidate's edge → cloud composition does not reproduce the whole model."""
+
+
+class ProtocolError(SplitinferError):
+    """A frame on the wire breaks the protocol; subclasses name the field (transport)."""

@@ -1,0 +1,98 @@
+"""What a person reads about a plan: a summary (for tables and ``--json``) and ``report.png``,
+the predicted latency of every candidate against uplink bandwidth with the best envelope."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cost_model import CostModel
+from .plan import Plan
+
+__all__ = ["plan_summary", "write_report_png", "TABLE_BANDWIDTHS_MBPS", "DEFAULT_RTT_MS"]
+
+TABLE_BANDWIDTHS_MBPS: tuple[float, ...] = (1.0, 5.0, 20.0, 100.0)
+DEFAULT_RTT_MS = 20.0  # a typical LTE round trip, for predictions in reports
+
+
+def _cost_model(plan: Plan, edge_slowdown: float) -> CostModel | None:
+    try:
+        return CostModel.from_plan(plan, edge_slowdown=edge_slowdown)
+    except Exception:
+        return None  # a plan split without profiling has no times
+
+
+def plan_summary(plan: Plan, *, edge_slowdown: float = 5.0, rtt_ms: float = DEFAULT_RTT_MS,
+                 bandwidths_mbps: Sequence[float] = TABLE_BANDWIDTHS_MBPS) -> dict[str, Any]:
+    """A JSON-ready summary: the model, and each candidate's cut, bytes, FLOPs, times, predictions."""
+    cm = _cost_model(plan, edge_slowdown)
+    preds = {bw: cm.predict(bw, rtt_ms) for bw in bandwidths_mbps} if cm else {}
+    best = {bw: cm.ids[int(np.argmin(p))] for bw, p in preds.items()} if cm else {}
+    rows = []
+    for i, c in enumerate(plan.candidates):
+        rows.append({
+            "id": c.id, "kind": c.kind,
+            "cut": [t.name for t in c.cut], "cut_shapes": [list(t.shape) for t in c.cut],
+            "bytes": c.cut_bytes, "flops_edge": c.flops_edge, "flops_cloud": c.flops_cloud,
+            "edge_ms": cm.edge_ms[i] if cm else None, "cloud_ms": cm.cloud_ms[i] if cm else None,
+            "cloud_batch_dynamic": bool(c.cloud and c.cloud.batch_dynamic),
+            "predicted_ms": {str(bw): round(p[i], 3) for bw, p in preds.items()},
+        })
+    return {
+        "plan": str(plan.path), "plan_hash": plan.hash, "format_version": plan.manifest["format_version"],
+        "model": plan.manifest["model"],
+        "inputs": [t.to_json() for t in plan.inputs], "outputs": [t.to_json() for t in plan.outputs],
+        "profiles": {k: {"role": v.get("role"), "host": v.get("host"), "whole_ms": v.get("whole_ms"),
+                         "measured_at": v.get("measured_at")} for k, v in plan.profiles.items()},
+        "assumptions": {"edge_slowdown": edge_slowdown, "rtt_ms": rtt_ms},
+        "best_at_mbps": {str(k): v for k, v in best.items()},
+        "candidates": rows,
+    }
+
+
+def write_report_png(plan: Plan, path: str | Path, *, edge_slowdown: float = 5.0,
+                     rtt_ms: float = DEFAULT_RTT_MS) -> bool:
+    """Write the latency-vs-bandwidth plot. False (nothing written) without matplotlib or times."""
+    cm = _cost_model(plan, edge_slowdown)
+    if cm is None:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    bws = np.geomspace(0.1, 1000, 300)
+    pred = np.array([cm.predict(float(b), rtt_ms) for b in bws])  # (bandwidths, candidates)
+    best = pred.min(1)
+    winner = pred.argmin(1)
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    colors = plt.get_cmap("tab10")
+    for i, cid in enumerate(cm.ids):
+        c = plan.candidates[i]
+        label = f"{cid} ({c.cut_bytes / 1024:.0f} KiB)" if not c.local else f"{cid} (local)"
+        ax.plot(bws, pred[:, i], color=colors(i % 10), lw=1.3, label=label)
+    ax.plot(bws, best, color="black", lw=3, ls="--", alpha=0.6, label="best envelope")
+    # shade where each candidate wins
+    start = 0
+    for j in range(1, len(bws) + 1):
+        if j == len(bws) or winner[j] != winner[start]:
+            ax.axvspan(bws[start], bws[j - 1], color=colors(int(winner[start]) % 10), alpha=0.08)
+            start = j
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("uplink bandwidth (Mbit/s)")
+    ax.set_ylabel("predicted end-to-end latency (ms)")
+    ax.set_title(f"{plan.name}: predicted latency per candidate cut\n"
+                 f"(edge = split host × {edge_slowdown:g} unless profiled on the edge; RTT {rtt_ms:g} ms)",
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True

@@ -1,0 +1,220 @@
+"""``split_model``: a model in, a verified plan directory out. The steps are the splitter's
+modules in order: load → analyse → per-node profile → candidate cuts → segments → segment
+profile → manifest → verify → report, all inside a temporary directory that becomes the plan
+only when every step succeeded."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx.utils import Extractor
+
+from .. import __version__
+from ..errors import VerificationError
+from .cuts import Cut, cut_from_edge_nodes, cut_from_tensors, find_candidates
+from .graph import ModelGraph, analyse
+from .loader import LoadedModel, load_model
+from .plan import FORMAT, FORMAT_VERSION, Candidate, Plan, SegmentRef, atomic_directory, plan_hash, \
+    sha256_file, write_json_atomic
+from .profiler import device_info, make_session, node_times, random_feeds, time_session
+from .segment import Segments, build_segments
+from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
+
+__all__ = ["split_model", "SplitResult", "profile_plan", "SPLIT_HOST"]
+
+SPLIT_HOST = "split-host"  # profile name of the machine that ran `split` (role "both")
+# Without profiling, a node's cost is its FLOPs at this rate (FLOP/ms, i.e. 10 GFLOP/s).
+_FALLBACK_FLOP_PER_MS = 1e7
+
+Progress = Callable[[str, float], None]  # (what is being done, fraction done 0..1)
+
+
+@dataclass
+class SplitResult:
+    plan: Plan
+    verification: VerifyReport | None
+
+
+def _node_costs(lm: LoadedModel, graph: ModelGraph, profile: bool, threads: int | None) -> dict[int, float]:
+    if not profile:
+        return {n.index: n.flops / _FALLBACK_FLOP_PER_MS for n in graph.compute_nodes()}
+    measured = node_times(lm.static.SerializeToString(), random_feeds(graph.inputs), threads=threads)
+    return {n.index: measured.get(n.name, 0.0) for n in graph.compute_nodes()}
+
+
+def _cloud_runs_batched(model: onnx.ModelProto, graph: ModelGraph, inputs: Sequence[str]) -> bool:
+    try:
+        sess = make_session(model.SerializeToString(), level="basic")
+        specs = [graph.tensors[n] for n in inputs]
+        sess.run(None, random_feeds(specs, batch=2))
+        return True
+    except Exception:
+        return False
+
+
+def _write_segments(root: str, graph: ModelGraph, extractor: Extractor, cid: str, cut: Cut,
+                    kind: str) -> tuple[Candidate, Segments]:
+    seg = build_segments(graph, cut, extractor, cid)
+    if seg.cloud is not None and seg.cloud_batchable and not _cloud_runs_batched(seg.cloud, graph, seg.cloud_inputs):
+        seg = build_segments(graph, cut, extractor, cid, batch_dynamic=False)
+    refs: dict[str, SegmentRef | None] = {"edge": None, "cloud": None}
+    os.makedirs(os.path.join(root, "segments"), exist_ok=True)
+    for side, model, ins, outs in (("edge", seg.edge, seg.edge_inputs, seg.edge_outputs),
+                                   ("cloud", seg.cloud, seg.cloud_inputs, seg.cloud_outputs)):
+        if model is None:
+            continue
+        rel = f"segments/{cid}_{side}.onnx"
+        onnx.save_model(model, os.path.join(root, rel))
+        refs[side] = SegmentRef(rel, sha256_file(Path(root, rel)), tuple(ins), tuple(outs),
+                                side == "cloud" and seg.cloud_batchable)
+    flops_edge = cut.edge_flops(graph)
+    cand = Candidate(cid, kind, tuple(graph.tensors[t] for t in cut.tensors), refs["edge"], refs["cloud"],
+                     tuple(seg.passthrough), flops_edge, graph.total_flops - flops_edge, len(cut.edge_nodes))
+    return cand, seg
+
+
+def _profile_candidates(plan: Plan, role: str, threads: int | None, budget_s: float,
+                        progress: Progress | None) -> dict[str, Any]:
+    """Time the whole model and each candidate's segments on this machine."""
+    info = device_info(role, threads)
+    feeds = random_feeds(plan.inputs)
+    steps = len(plan.candidates) + 1
+    if progress:
+        progress("timing whole model", 0.0)
+    whole = make_session(str(plan.model_file), threads=threads)
+    info["whole_ms"] = time_session(whole, feeds, budget_s=budget_s)
+    del whole
+    out: dict[str, dict[str, float]] = {}
+    for k, cand in enumerate(plan.candidates, 1):
+        if progress:
+            progress(f"timing candidate {cand.id}", k / steps)
+        times: dict[str, float] = {}
+        eout: dict[str, np.ndarray] = {}
+        if cand.edge is not None:
+            sess = make_session(str(plan.file(cand.edge)), threads=threads)
+            efeeds = {n: feeds[n] for n in cand.edge.inputs}
+            if role in ("edge", "both"):
+                times["edge_ms"] = time_session(sess, efeeds, budget_s=budget_s)
+            eout = dict(zip(cand.edge.outputs, sess.run(list(cand.edge.outputs), efeeds)))
+        elif role in ("edge", "both"):
+            times["edge_ms"] = 0.0
+        if role in ("cloud", "both"):
+            if cand.cloud is not None:
+                sess = make_session(str(plan.file(cand.cloud)), threads=threads)
+                times["cloud_ms"] = time_session(sess, cand.cut_feed(feeds, eout), budget_s=budget_s)
+            else:
+                times["cloud_ms"] = 0.0
+        out[cand.id] = times
+    info["candidates"] = out
+    return info
+
+
+def profile_plan(plan: Plan, *, role: str, device: str | None = None, threads: int | None = None,
+                 budget_s: float = 1.0, progress: Progress | None = None) -> tuple[str, dict[str, Any]]:
+    """Re-time ``plan`` on this machine as ``role`` (``edge``, ``cloud`` or ``both``) and store the
+    profile in the plan under ``device`` (default: ``<role>-<hostname>``). The plan hash is unchanged."""
+    if role not in ("edge", "cloud", "both"):
+        raise ValueError(f"role must be edge, cloud or both, got {role!r}")
+    info = _profile_candidates(plan, role, threads, budget_s, progress)
+    name = device or f"{role}-{info['host']}"
+    plan.set_profile(name, info)
+    return name, info
+
+
+def split_model(source: Any, output_dir: str | os.PathLike[str], *,
+                input_shapes: Mapping[str, Sequence[int]] | None = None, example_input: Any = None,
+                name: str | None = None, max_candidates: int = 8, cut: Sequence[str] | None = None,
+                profile: bool = True, verify: bool = True, verify_inputs: Sequence[Mapping[str, np.ndarray]] = (),
+                tolerance: float = DEFAULT_TOLERANCE, threads: int | None = None, budget_s: float = 1.0,
+                force: bool = False, report: bool = True, edge_slowdown: float = 5.0,
+                progress: Progress | None = None) -> SplitResult:
+    """Split a model into a plan directory at ``output_dir``.
+
+    ``source`` is an ONNX path/bytes/``ModelProto`` or a ``torch.nn.Module`` (with
+    ``example_input``). ``cut`` forces one cut by tensor names (the two ends are always kept).
+    Raises a :class:`~splitinfer.errors.SplitinferError` subclass, leaving nothing behind, on bad
+    input or when verification fails.
+
+    >>> from splitinfer.models import build
+    >>> model, x = build("chain", (1, 3, 32, 32))
+    >>> res = split_model(model, "/tmp/chain-plan", example_input=x, force=True, report=False)  # doctest: +SKIP
+    >>> [c.id for c in res.plan.candidates]  # doctest: +SKIP
+    ['cloud', 'c1', 'c2', 'c3', 'edge']
+    """
+
+    def step(what: str, frac: float) -> None:
+        if progress:
+            progress(what, frac)
+
+    step("loading model", 0.0)
+    lm = load_model(source, input_shapes=input_shapes, example_input=example_input, name=name)
+    graph = analyse(lm.static)
+    step("profiling nodes", 0.05)
+    costs = _node_costs(lm, graph, profile, threads)
+    step("finding candidate cuts", 0.15)
+    if cut:
+        forced = cut_from_tensors(graph, cut)
+        cuts = [cut_from_edge_nodes(graph, ()), forced,
+                cut_from_edge_nodes(graph, [n.index for n in graph.compute_nodes()])]
+        cuts = list({c.tensors: c for c in cuts}.values())
+    else:
+        cuts = find_candidates(graph, costs, max_candidates=max_candidates)
+    extractor = Extractor(lm.static)
+    with atomic_directory(output_dir, force=force) as tmp:
+        (tmp / "model.onnx").write_bytes(lm.source)
+        candidates = []
+        middle = 0
+        for k, c in enumerate(cuts):
+            kind = c.kind(graph)
+            if kind == "split":
+                middle += 1
+            cid = kind if kind != "split" else f"c{middle}"
+            step(f"writing segments {cid}", 0.2 + 0.2 * k / len(cuts))
+            cand, _ = _write_segments(str(tmp), graph, extractor, cid, c, kind)
+            candidates.append(cand)
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "splitinfer_version": __version__,
+            "model": {"name": lm.name, "file": "model.onnx", "sha256": lm.sha256, "flops": graph.total_flops,
+                      "nodes": len(graph.nodes), "opset": max((o.version for o in lm.static.opset_import
+                                                               if o.domain in ("", "ai.onnx")), default=0)},
+            "inputs": [t.to_json() for t in graph.inputs],
+            "outputs": [t.to_json() for t in graph.outputs],
+            "candidates": [c.to_json() for c in candidates],
+        }
+        manifest["plan_hash"] = plan_hash(manifest)
+        manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        manifest["profiles"] = {}
+        write_json_atomic(tmp / "manifest.json", manifest)
+        plan = Plan.load(tmp)
+        if profile:
+            info = _profile_candidates(plan, "both", threads, budget_s,
+                                       lambda w, f: step(w, 0.4 + 0.35 * f))
+            info["node_ms"] = {graph.nodes[i].name: round(v, 5) for i, v in costs.items()}
+            plan.set_profile(SPLIT_HOST, info)
+        result = None
+        if verify:
+            n = len(plan.candidates)
+            done = iter(range(n))
+            result = verify_plan(plan, extra_inputs=verify_inputs, tolerance=tolerance, threads=threads,
+                                 progress=lambda cid: step(f"verifying {cid}", 0.75 + 0.2 * next(done) / n))
+            if not result.ok:
+                bad = [c for c in result.checks if not c.ok]
+                raise VerificationError(f"{len(bad)} of {n} candidates do not reproduce the whole model: "
+                                        + "; ".join(f"{c.id}: {c.problem}" for c in bad))
+        if report and profile:
+            step("writing report.png", 0.95)
+            from .report import write_report_png
+
+            write_report_png(plan, tmp / "report.png", edge_slowdown=edge_slowdown)
+    step("done", 1.0)
+    final = Plan.load(output_dir, check_files=False)
+    return SplitResult(final, result)

@@ -1,0 +1,3 @@
+"""splitinfer.transport — see docs/architecture.md; built in a later issue."""
+
+__all__: list[str] = []
