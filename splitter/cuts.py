@@ -82,12 +82,12 @@ def cut_from_tensors(graph: ModelGraph, names: Sequence[str]) -> Cut:
     if not names:
         raise CutError("a forced cut needs at least one tensor name")
     for n in names:
+        if n in graph.const:
+            raise CutError(f"cut tensor {n!r} depends only on constants: it is recomputed on each side and never cut")
         if n not in graph.tensors and n not in graph.producer:
             close = difflib.get_close_matches(n, list(graph.tensors), n=3)
             raise CutError(f"cut tensor {n!r} is not a tensor of the model" +
                            (f"; did you mean {close}?" if close else ""))
-        if n in graph.const:
-            raise CutError(f"cut tensor {n!r} depends only on constants: it is recomputed on each side and never cut")
         if n not in graph.tensors:
             raise CutError(f"cut tensor {n!r} has no static shape or a dtype splitinfer does not carry")
     cut = cut_from_edge_nodes(graph, graph.ancestors(names))
@@ -117,6 +117,7 @@ def _flow_graph(graph: ModelGraph) -> tuple[nx.DiGraph, list[tuple[object, objec
     g.add_node("s")
     g.add_node("t")
     finite: list[tuple[object, object, int, str]] = []
+    direct: set[tuple[object, object]] = set()
     for n in graph.compute_nodes():
         finite.append(("s", n.index, n.index, "cloud"))
         finite.append((n.index, "t", n.index, "edge"))
@@ -127,7 +128,9 @@ def _flow_graph(graph: ModelGraph) -> tuple[nx.DiGraph, list[tuple[object, objec
         if not readers:
             continue
         src: str | int = graph.producer.get(name, "s")
-        if len(readers) == 1:  # one reader: the transfer edge goes straight to it
+        if len(readers) == 1 and src != "s" and (src, readers[0]) not in direct:
+            # one reader: the transfer edge goes straight to it (unless that pair has an edge already)
+            direct.add((src, readers[0]))
             finite.append((src, readers[0], -1, name))
             g.add_edge(readers[0], src)  # infinite: no cloud -> edge flow
             continue
@@ -158,7 +161,8 @@ def modelled_latency(graph: ModelGraph, cut: Cut, node_ms: Mapping[int, float], 
     times faster, cut tensors at ``mbps``."""
     edge = sum(node_ms[i] for i in cut.edge_nodes)
     cloud = sum(v for i, v in node_ms.items() if i not in cut.edge_nodes) / ratio
-    return edge + cloud + cut.nbytes(graph) * 8 / (mbps * 1e3)
+    sent = 0 if len(cut.edge_nodes) == len(node_ms) else cut.nbytes(graph)  # all-edge sends nothing
+    return edge + cloud + sent * 8 / (mbps * 1e3)
 
 
 def find_candidates(graph: ModelGraph, node_ms: Mapping[int, float], *, max_candidates: int = 8,

@@ -1,0 +1,87 @@
+"""Shared fixtures: small reference models exported once per session, small plans, and tiny
+hand-built ONNX graphs for the cases a real model does not reach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def _export(name: str, shape: tuple[int, ...], path: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    from splitinfer.models import build
+    from splitinfer.splitter import export_torch
+
+    model, x = build(name, shape)
+    with torch.no_grad():
+        path.write_bytes(export_torch(model, x))
+    return path
+
+
+@pytest.fixture(scope="session")
+def yolo_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """YOLO-style n model at 64x64, batch dynamic, as one ONNX file."""
+    return _export("yolo-n", (1, 3, 64, 64), tmp_path_factory.mktemp("models") / "yolo64.onnx")
+
+
+@pytest.fixture(scope="session")
+def chain_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export("chain", (1, 3, 32, 32), tmp_path_factory.mktemp("models") / "chain32.onnx")
+
+
+@pytest.fixture(scope="session")
+def transformer_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export("transformer", (1, 16, 32), tmp_path_factory.mktemp("models") / "tf16.onnx")
+
+
+@pytest.fixture(scope="session")
+def yolo_plan(tmp_path_factory: pytest.TempPathFactory, yolo_onnx: Path) -> Path:
+    from splitinfer.splitter import split_model
+
+    out = tmp_path_factory.mktemp("plans") / "yolo"
+    split_model(yolo_onnx, out, budget_s=0.05)
+    return out
+
+
+@pytest.fixture
+def plan_copy(tmp_path: Path, yolo_plan: Path) -> Path:
+    """A private copy of the YOLO plan that a test may damage."""
+    import shutil
+
+    dst = tmp_path / "plan"
+    shutil.copytree(yolo_plan, dst)
+    return dst
+
+
+def make_model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+               initializers: list[onnx.TensorProto] = (), opset: int = 18) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+def diamond_model() -> onnx.ModelProto:
+    """x -> a=Relu(x) -> {b=Conv-ish MatMul(a, W1), c=Sigmoid(a)} -> d=Add(b, c) -> y=MatMul(d, W2)
+
+    A small DAG with a tensor read by two nodes: the brute-force check of the min-cut."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.random((8, 8), dtype=np.float32), "W1")
+    w2 = numpy_helper.from_array(rng.random((8, 2), dtype=np.float32), "W2")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("MatMul", ["a", "W1"], ["b"], name="mm1"),
+        helper.make_node("Sigmoid", ["a"], ["c"], name="sig"),
+        helper.make_node("Add", ["b", "c"], ["d"], name="add"),
+        helper.make_node("MatMul", ["d", "W2"], ["y"], name="mm2"),
+    ]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2])], [w1, w2])
