@@ -1,0 +1,37 @@
+"""Helpers shared by the benchmark scripts: where results go, a rich table, machine facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import onnxruntime as ort
+
+    return {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "onnxruntime": ort.__version__}
+
+
+def save(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2, default=str) + "\n")
+    return path
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, header_style="bold")
+    for c in columns:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*(f"{x:.3f}" if isinstance(x, float) else str(x) for x in r))
+    Console(width=200).print(t)
