@@ -191,6 +191,9 @@ def _complete_shapes_with_ort(model: onnx.ModelProto, missing: list[str], where:
     opts.log_severity_level = 3
     try:
         sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise UnsupportedModelError(f"{where}: onnxruntime cannot run this model: {str(exc).strip()[:300]}") from exc
+    try:
         feeds = {}
         for vi in _real_inputs(model):
             shape = _static_shape(vi)
@@ -242,6 +245,21 @@ def _make_static(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], wh
     return static
 
 
+def _check_runnable(static: onnx.ModelProto, where: str) -> None:
+    """onnxruntime must be able to load the model: its error names the unsupported operator."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 4
+    try:
+        ort.InferenceSession(static.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        ops = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in static.graph.node})
+        raise UnsupportedModelError(f"{where}: onnxruntime cannot run this model ({str(exc).strip()[:300]}); "
+                                    f"the model uses {len(ops)} operator types") from exc
+
+
 def _specs(vis: Sequence[onnx.ValueInfoProto], where: str) -> list[TensorSpec]:
     specs = []
     for vi in vis:
@@ -289,6 +307,7 @@ def load_model(source: str | os.PathLike[str] | bytes | onnx.ModelProto | Any, *
             shapes.setdefault(vi.name, tuple(t.shape))
     model = _parse(data, where)
     static = _make_static(model, shapes, where)
+    _check_runnable(static, where)
     inputs = _specs(_real_inputs(static), where)
     outputs = _specs(list(static.graph.output), where)
     return LoadedModel(name=name or model.graph.name or "model", source=data, static=static,

@@ -119,3 +119,17 @@ def test_shapes_that_inference_cannot_reach_come_from_one_onnxruntime_pass():
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["d0", "d1"])], [zero])
     lm = load_model(model)
     assert lm.outputs[0].shape == (2, 8)
+
+
+def test_unsupported_operator_is_named():
+    from splitinfer import UnsupportedModelError
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Frobnicate", ["r"], ["y"], domain="com.example")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 9
+    with pytest.raises(UnsupportedModelError, match="Frobnicate"):
+        load_model(model)
