@@ -10,17 +10,26 @@ from __future__ import annotations
 
 from ._types import TensorSpec
 from .errors import (
+    ChannelClosed,
+    ChannelError,
+    CodecError,
     CutError,
+    FieldError,
+    FrameError,
+    LimitError,
     ModelError,
     ModelLoadError,
     PlanError,
     PlanFormatError,
     PlanIntegrityError,
     ProtocolError,
+    RefusedError,
     ShapeError,
     SplitinferError,
+    TensorError,
     UnsupportedModelError,
     VerificationError,
+    VersionError,
 )
 
 __version__ = "0.1.0"
@@ -38,5 +47,14 @@ __all__ = [
     "PlanFormatError",
     "PlanIntegrityError",
     "VerificationError",
+    "CodecError",
     "ProtocolError",
+    "VersionError",
+    "FrameError",
+    "FieldError",
+    "LimitError",
+    "TensorError",
+    "ChannelError",
+    "ChannelClosed",
+    "RefusedError",
 ]

@@ -14,7 +14,16 @@ libraries underneath (onnx, onnxruntime, protobuf, sockets) are translated at th
     │   ├── PlanFormatError        manifest missing, malformed, or of an unknown version
     │   └── PlanIntegrityError     a file does not match the hash in the manifest
     ├── VerificationError          a split composition does not reproduce the whole model
-    └── ProtocolError              (transport) a frame that breaks the wire format
+    ├── CodecError                 a tensor a codec cannot encode (non-finite values, fp16 overflow)
+    ├── ProtocolError              a frame that breaks the wire format
+    │   ├── VersionError           a protocol version this side does not speak
+    │   ├── FrameError             not a frame: bad framing, not msgpack, unknown message kind
+    │   ├── FieldError             a field missing or of the wrong type or value (names the field)
+    │   ├── LimitError             over a size limit: frame bytes, tensor count, rank, dims
+    │   └── TensorError            dtype not allowed, shape and byte length disagree, bad codec
+    └── ChannelError               a channel cannot carry frames
+        ├── ChannelClosed          the peer closed or the connection was lost
+        └── RefusedError           the peer refused our hello (version, plan, token)
 """
 
 from __future__ import annotations
@@ -30,7 +39,16 @@ __all__ = [
     "PlanFormatError",
     "PlanIntegrityError",
     "VerificationError",
+    "CodecError",
     "ProtocolError",
+    "VersionError",
+    "FrameError",
+    "FieldError",
+    "LimitError",
+    "TensorError",
+    "ChannelError",
+    "ChannelClosed",
+    "RefusedError",
 ]
 
 
@@ -74,5 +92,45 @@ class VerificationError(SplitinferError):
     """A candidate's edge → cloud composition does not reproduce the whole model."""
 
 
+class CodecError(SplitinferError, ValueError):
+    """A tensor that a codec cannot encode within its documented error bound."""
+
+
 class ProtocolError(SplitinferError):
-    """A frame on the wire breaks the protocol; subclasses name the field (transport)."""
+    """A frame on the wire breaks the protocol; subclasses say which rule, messages name the field."""
+
+
+class VersionError(ProtocolError):
+    """A protocol or frame version this side does not speak."""
+
+
+class FrameError(ProtocolError):
+    """Not a frame: broken framing, a header that is not msgpack, an unknown message kind."""
+
+
+class FieldError(ProtocolError):
+    """A field is missing or has the wrong type or value."""
+
+
+class LimitError(ProtocolError):
+    """A frame is over a size limit (bytes, tensor count, rank, dimension)."""
+
+
+class TensorError(ProtocolError):
+    """A tensor's dtype is not allowed, its shape and bytes disagree, or its codec is unknown."""
+
+
+class ChannelError(SplitinferError):
+    """A channel cannot carry frames."""
+
+
+class ChannelClosed(ChannelError):
+    """The peer closed the channel or the connection was lost."""
+
+
+class RefusedError(ChannelError):
+    """The peer refused the hello; ``reason`` is its code (version, plan, token, ...)."""
+
+    def __init__(self, message: str, reason: str = "refused") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -86,7 +86,8 @@ def test_public_names():
     assert set(splitinfer.__all__) == {
         "__version__", "TensorSpec", "SplitinferError", "ModelError", "ModelLoadError", "ShapeError",
         "UnsupportedModelError", "CutError", "PlanError", "PlanFormatError", "PlanIntegrityError",
-        "VerificationError", "ProtocolError",
+        "VerificationError", "CodecError", "ProtocolError", "VersionError", "FrameError", "FieldError",
+        "LimitError", "TensorError", "ChannelError", "ChannelClosed", "RefusedError",
     }
     assert set(sp.__all__) == {
         "split_model", "SplitResult", "profile_plan", "SPLIT_HOST", "load_model", "export_torch",

@@ -1,0 +1,197 @@
+"""Tensor codecs: how a tensor's values become bytes on the wire, chosen per request.
+
+A codec name is a base, optionally followed by a compressor: ``raw``, ``fp16``, ``int8``,
+``raw+lz4``, ``fp16+zstd``, ``int8+lz4``, ... Lossy bases apply to floating-point tensors only;
+integer and bool tensors travel ``raw`` (with the same compressor) whatever the request asked.
+
+Error bounds (``x`` the original value, ``x'`` the decoded one; tested in tests/test_codecs.py):
+
+* ``raw``: exact; the decoded array is a zero-copy view of the received frame.
+* ``fp16``: round to nearest half precision. ``|x - x'| <= 2**-11 * |x|`` for
+  ``|x| >= 2**-14`` and ``|x - x'| <= 2**-25`` below; values beyond ±65504 cannot be encoded
+  (:class:`~splitinfer.errors.CodecError`, not a silent ``inf``).
+* ``int8``: per-channel affine quantisation to 256 levels (channel axis 1 for rank >= 2, the whole
+  tensor otherwise). For channel ``c`` with range ``[lo_c, hi_c]``, ``scale_c = (hi_c - lo_c) / 255``
+  and ``|x - x'| <= scale_c / 2`` (plus float32 rounding, ``<= 1e-6 * max(|lo_c|, |hi_c|)``).
+  Scales and minimums travel in the frame as float32. Non-finite values cannot be encoded.
+* ``lz4``/``zstd``: lossless; the decoder knows the exact decoded size and refuses anything else
+  (no decompression bombs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._types import DTYPES
+from ..errors import CodecError, TensorError
+
+__all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "CODEC_NAMES", "FP16_MAX"]
+
+BASES = ("raw", "fp16", "int8")
+COMPRESSORS = ("lz4", "zstd")
+CODEC_NAMES: tuple[str, ...] = tuple(b + (f"+{c}" if c else "") for b in BASES for c in ("", *COMPRESSORS))
+FP16_MAX = 65504.0
+_ZSTD_LEVEL = 3  # fast; level 3 is zstd's default speed/ratio balance
+
+
+@dataclass(frozen=True)
+class Codec:
+    base: str  # raw | fp16 | int8
+    compressor: str | None = None  # lz4 | zstd | None
+
+    @classmethod
+    def parse(cls, name: str) -> "Codec":
+        base, _, comp = str(name).partition("+")
+        if base not in BASES or (comp and comp not in COMPRESSORS) or name.count("+") > 1:
+            raise TensorError(f"codec {name!r} is unknown; expected one of {list(CODEC_NAMES)}")
+        return cls(base, comp or None)
+
+    @property
+    def name(self) -> str:
+        return self.base + (f"+{self.compressor}" if self.compressor else "")
+
+    def for_dtype(self, dtype: np.dtype[Any]) -> "Codec":
+        """The codec actually used for a tensor of ``dtype`` (lossy bases only touch floats)."""
+        return self if dtype.kind == "f" or self.base == "raw" else Codec("raw", self.compressor)
+
+
+@dataclass
+class Encoded:
+    """A tensor as it travels: the original dtype and shape, the codec used, the payload, and for
+    ``int8`` the per-channel quantisation (axis, float32 scales and minimums as bytes)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    payload: Any  # bytes-like: memoryview of the array for raw, bytes otherwise
+    quant: dict[str, Any] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.payload).nbytes + (len(self.quant["scale"]) * 2 if self.quant else 0)
+
+
+def _quant_axis(shape: tuple[int, ...]) -> int | None:
+    return 1 if len(shape) >= 2 else None
+
+
+def _int8_encode(x: np.ndarray) -> tuple[bytes, dict[str, Any]]:
+    if x.size and not np.isfinite(x).all():
+        raise CodecError("int8 codec: the tensor has NaN or infinite values; use raw or fp16")
+    axis = _quant_axis(x.shape)
+    xf = np.ascontiguousarray(x, dtype=np.float32)
+    if axis is None:
+        view = xf.reshape(1, 1, -1)
+    else:
+        view = xf.reshape(x.shape[0], x.shape[1], -1)  # (N, C, rest)
+    if xf.size:
+        lo = view.min(axis=(0, 2))
+        hi = view.max(axis=(0, 2))
+    else:
+        lo = hi = np.zeros(view.shape[1], np.float32)
+    scale = (hi - lo) / 255.0
+    scale[scale == 0] = 1.0
+    inv = (1.0 / scale).astype(np.float32)
+    tmp = view - lo[None, :, None]
+    tmp *= inv[None, :, None]
+    tmp += 0.5  # values are >= 0: truncation below rounds to nearest
+    np.clip(tmp, 0, 255, out=tmp)
+    q = tmp.astype(np.uint8)
+    return q.tobytes(), {"axis": -1 if axis is None else axis, "scale": scale.astype(np.float32).tobytes(),
+                         "min": lo.astype(np.float32).tobytes()}
+
+
+def _int8_decode(buf: Any, shape: tuple[int, ...], dtype: str, quant: dict[str, Any]) -> np.ndarray:
+    q = np.frombuffer(buf, dtype=np.uint8)
+    scale = np.frombuffer(quant["scale"], dtype=np.float32)
+    lo = np.frombuffer(quant["min"], dtype=np.float32)
+    if quant["axis"] == -1:
+        out = q.astype(np.float32) * scale[0] + lo[0]
+    else:
+        v = q.reshape(shape[0], shape[1], -1)
+        out = v.astype(np.float32)
+        out *= scale[None, :, None]
+        out += lo[None, :, None]
+    return out.reshape(shape).astype(dtype, copy=False)
+
+
+def _compress(data: Any, compressor: str) -> bytes:
+    if compressor == "lz4":
+        import lz4.block
+
+        return bytes(lz4.block.compress(data, store_size=False))
+    import zstandard
+
+    return bytes(zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data))
+
+
+def _decompress(data: Any, compressor: str, expected: int) -> bytes:
+    try:
+        if compressor == "lz4":
+            import lz4.block
+
+            out = lz4.block.decompress(data, uncompressed_size=expected)
+        else:
+            import zstandard
+
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=expected)
+    except Exception as exc:
+        raise TensorError(f"{compressor} payload does not decompress to {expected} bytes: {exc}") from exc
+    if len(out) != expected:
+        raise TensorError(f"{compressor} payload decompressed to {len(out)} bytes, expected {expected}")
+    return bytes(out)
+
+
+def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
+    """Encode one array. ``raw`` without compression makes no copy of a contiguous array."""
+    arr = np.asarray(array)
+    if arr.dtype.name not in DTYPES:
+        raise CodecError(f"dtype {arr.dtype.name} cannot travel; expected one of {sorted(DTYPES)}")
+    c = (codec if isinstance(codec, Codec) else Codec.parse(codec)).for_dtype(arr.dtype)
+    shape = tuple(int(d) for d in arr.shape)
+    quant = None
+    if c.base == "raw":
+        payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B")
+    elif c.base == "fp16":
+        if arr.size and np.nanmax(np.abs(arr[np.isfinite(arr)]), initial=0.0) > FP16_MAX:
+            raise CodecError(f"fp16 codec: values up to {float(np.nanmax(np.abs(arr))):.4g} exceed ±{FP16_MAX:g}; "
+                             "use raw or int8")
+        payload = arr.astype(np.float16).tobytes()
+    else:
+        payload, quant = _int8_encode(arr)
+    if c.compressor:
+        payload = _compress(payload, c.compressor)
+    return Encoded(arr.dtype.name, shape, c.name, payload, quant)
+
+
+def decoded_size(codec: Codec, dtype: str, numel: int) -> int:
+    """Bytes of the payload after decompression, before the base codec is undone."""
+    item = {"raw": np.dtype(dtype).itemsize, "fp16": 2, "int8": 1}[codec.base]
+    return numel * item
+
+
+def decode_tensor(enc: Encoded) -> np.ndarray:
+    """Decode one tensor. Lengths are checked here too, so a bad payload is a TensorError."""
+    c = Codec.parse(enc.codec)
+    numel = 1
+    for d in enc.shape:
+        numel *= d
+    expected = decoded_size(c, enc.dtype, numel)
+    buf = enc.payload
+    if c.compressor:
+        buf = _decompress(buf, c.compressor, expected)
+    elif memoryview(buf).nbytes != expected:
+        raise TensorError(f"tensor payload has {memoryview(buf).nbytes} bytes, expected {expected} "
+                          f"for shape {list(enc.shape)} {enc.dtype} with codec {enc.codec}")
+    if c.base == "raw":
+        return np.frombuffer(buf, dtype=enc.dtype).reshape(enc.shape)
+    if np.dtype(enc.dtype).kind != "f":
+        raise TensorError(f"codec {enc.codec} is for floating-point tensors, the tensor is {enc.dtype}")
+    if c.base == "fp16":
+        return np.frombuffer(buf, dtype=np.float16).reshape(enc.shape).astype(enc.dtype)
+    if enc.quant is None:
+        raise TensorError("int8 tensor without its quantisation parameters (field 'q')")
+    return _int8_decode(buf, enc.shape, enc.dtype, enc.quant)
