@@ -219,6 +219,46 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SplitinferError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _cmd_netem(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from .transport.netem import LinkEmulator, load_trace, parse_rate
+
+    try:
+        rate = parse_rate(args.rate) if args.rate else None
+        trace = load_trace(args.trace) if args.trace else None
+    except (ValueError, OSError) as exc:
+        raise SplitinferError(str(exc)) from exc
+    listen, target = _hostport(args.listen), _hostport(args.to)
+
+    async def run() -> None:
+        emu = LinkEmulator(target, rate_mbps=rate, trace=trace, speedup=args.speedup, delay_ms=args.delay_ms,
+                           listen=listen)
+        await emu.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        what = f"{rate:g} Mbit/s" if rate is not None else f"trace {args.trace} x{args.speedup:g}"
+        print(f"netem: {listen[0]}:{emu.port} -> {target[0]}:{target[1]}, {what} each way, "
+              f"delay {args.delay_ms:g} ms one way; Ctrl-C to stop", flush=True)
+        await stop.wait()
+        await emu.aclose()
+        print(f"netem: stopped; {emu.up.bytes if emu.up else 0} bytes up, {emu.down.bytes if emu.down else 0} down",
+              flush=True)
+
+    asyncio.run(run())
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,6 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--threads", type=int, default=None)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=_cmd_profile)
+
+    n = sub.add_parser("netem", help="a TCP relay that emulates a link: rate, delay, trace replay")
+    n.add_argument("--listen", required=True, metavar="HOST:PORT")
+    n.add_argument("--to", required=True, metavar="HOST:PORT")
+    g = n.add_mutually_exclusive_group(required=True)
+    g.add_argument("--rate", metavar="RATE", help="e.g. 20mbit, 500kbit (each direction)")
+    g.add_argument("--trace", metavar="CSV", help="time_s,mbps rows, replayed and looped")
+    n.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay (ms)")
+    n.add_argument("--speedup", type=float, default=1.0, help="replay the trace this many times faster")
+    n.set_defaults(fn=_cmd_netem)
     return p
 
 

@@ -95,7 +95,16 @@ def test_public_names():
         "find_candidates", "Plan", "Candidate", "SegmentRef", "CostModel", "select_profile",
         "verify_plan", "VerifyReport", "plan_summary", "write_report_png",
     }
-    for mod in (splitinfer, sp):
+    import splitinfer.transport as tr
+
+    assert set(tr.__all__) == {
+        "PROTOCOL_VERSION", "Message", "Hello", "Welcome", "Refusal", "InferRequest", "Result", "Error", "Ping",
+        "Pong", "Bye", "ServerTimings", "FrameInfo", "Limits", "encode", "decode", "CODEC_NAMES", "Codec",
+        "Encoded", "encode_tensor", "decode_tensor", "Channel", "TcpChannel", "TcpServer", "server_ssl_context",
+        "client_ssl_context", "MemoryChannel", "memory_pair", "BandwidthMonitor", "ActiveProber", "LinkEmulator",
+        "RateSchedule", "load_trace", "parse_rate",
+    }
+    for mod in (splitinfer, sp, tr):
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.{name} is exported but missing"
 
@@ -127,6 +136,7 @@ def test_each_module_imports_alone(module):
 def test_edge_side_imports_stay_light():
     code = ("import sys, splitinfer, splitinfer.transport, splitinfer.edge, splitinfer.splitter.plan, "
             "splitinfer.splitter.cost_model\n"
-            "heavy = [m for m in ('torch', 'aiortc', 'ray', 'tensorrt', 'matplotlib') if m in sys.modules]\n"
+            "heavy = [m for m in ('torch', 'aiortc', 'aiohttp', 'zeroconf', 'ray', 'tensorrt', 'matplotlib') "
+            "if m in sys.modules]\n"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
