@@ -93,8 +93,8 @@ def _int8_encode(x: np.ndarray) -> tuple[bytes, dict[str, Any]]:
     else:
         lo = hi = np.zeros(view.shape[1], np.float32)
     scale = (hi - lo) / 255.0
-    scale[scale == 0] = 1.0
-    inv = (1.0 / scale).astype(np.float32)
+    scale[scale < np.finfo(np.float32).tiny] = 1.0  # a constant channel (or a subnormal range)
+    inv = (1.0 / scale.astype(np.float64)).astype(np.float32)
     tmp = view - lo[None, :, None]
     tmp *= inv[None, :, None]
     tmp += 0.5  # values are >= 0: truncation below rounds to nearest
@@ -156,9 +156,11 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
     if c.base == "raw":
         payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B")
     elif c.base == "fp16":
-        if arr.size and np.nanmax(np.abs(arr[np.isfinite(arr)]), initial=0.0) > FP16_MAX:
-            raise CodecError(f"fp16 codec: values up to {float(np.nanmax(np.abs(arr))):.4g} exceed ±{FP16_MAX:g}; "
-                             "use raw or int8")
+        peak = float(np.max(np.abs(arr))) if arr.size else 0.0  # one pass; NaN/inf travel as themselves
+        if peak > FP16_MAX and np.isfinite(peak):
+            raise CodecError(f"fp16 codec: values up to {peak:.4g} exceed ±{FP16_MAX:g}; use raw or int8")
+        if not np.isfinite(peak) and np.abs(arr[np.isfinite(arr)]).max(initial=0.0) > FP16_MAX:
+            raise CodecError(f"fp16 codec: finite values exceed ±{FP16_MAX:g}; use raw or int8")
         payload = arr.astype(np.float16).tobytes()
     else:
         payload, quant = _int8_encode(arr)

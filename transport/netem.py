@@ -77,6 +77,10 @@ class RateSchedule:
     speedup: float = 1.0
     loop: bool = True
 
+    def __post_init__(self) -> None:
+        self.points = sorted(self.points)
+        self._times = [p[0] - self.points[0][0] for p in self.points]
+
     @classmethod
     def constant(cls, mbps: float) -> "RateSchedule":
         return cls([(0.0, mbps)])
@@ -87,15 +91,26 @@ class RateSchedule:
         return self.points[-1][0] - self.points[0][0]
 
     def rate_at(self, elapsed: float) -> float:
-        t0 = self.points[0][0]
         t = elapsed * self.speedup
         if self.duration > 0 and self.loop:
             # a trace's last sample holds for one mean step before the loop starts again
             period = self.duration + self.duration / max(len(self.points) - 1, 1)
             t = t % period
-        times = [p[0] - t0 for p in self.points]
-        i = bisect.bisect_right(times, t) - 1
+        i = bisect.bisect_right(self._times, t) - 1
         return self.points[max(i, 0)][1]
+
+    def next_change(self, elapsed: float) -> float:
+        """Elapsed (wall) seconds of the next step after ``elapsed`` (inf for a constant)."""
+        if self.duration <= 0:
+            return float("inf")
+        period = self.duration + self.duration / max(len(self.points) - 1, 1)
+        t = elapsed * self.speedup
+        if not self.loop and t >= self._times[-1]:
+            return float("inf")
+        base = (t // period) * period if self.loop else 0.0
+        i = bisect.bisect_right(self._times, t - base)
+        nxt = base + (self._times[i] if i < len(self._times) else period)
+        return nxt / self.speedup
 
 
 class _Link:
