@@ -259,6 +259,38 @@ def _cmd_netem(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cloud_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from .cloud import CloudService, load_tokens
+
+    tokens = load_tokens(args.token_file) if args.token_file else None
+    if tokens is None:
+        print("warning: no --token-file: any client that knows a plan hash may use this service", file=sys.stderr)
+    svc = CloudService(args.plans, listen=_hostport(args.listen), http=_hostport(args.http), tokens=tokens,
+                       tls_cert=args.tls_cert, tls_key=args.tls_key, advertise=not args.no_advertise,
+                       max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
+                       postprocess=args.postprocess)
+
+    async def run() -> None:
+        await svc.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        for what, url in svc.addresses.items():
+            print(f"{what}: {url}", flush=True)
+        print(f"serving {len(svc.plans)} plan(s): " + ", ".join(f"{s.plan.name} {h[:12]}" for h, s in svc.plans.items())
+              + f"; batching up to {args.max_batch_size}, {args.max_queue_delay_ms:g} ms; Ctrl-C to stop", flush=True)
+        await stop.wait()
+        print("shutting down", flush=True)
+        await svc.stop()
+
+    asyncio.run(run())
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,6 +348,23 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay (ms)")
     n.add_argument("--speedup", type=float, default=1.0, help="replay the trace this many times faster")
     n.set_defaults(fn=_cmd_netem)
+
+    c = sub.add_parser("cloud", help="the cloud service")
+    csub = c.add_subparsers(dest="cloud_command", metavar="CMD", required=True)
+    cs = csub.add_parser("serve", help="serve plans to edge devices until SIGINT/SIGTERM")
+    cs.add_argument("plans", nargs="+", metavar="PLAN")
+    cs.add_argument("--listen", default="0.0.0.0:7000", metavar="HOST:PORT", help="edge channel, TCP (default 0.0.0.0:7000)")
+    cs.add_argument("--http", default="0.0.0.0:8000", metavar="HOST:PORT",
+                    help="health, metrics, plans, WebRTC signalling (default 0.0.0.0:8000)")
+    cs.add_argument("--token-file", metavar="PATH", help="accepted tokens, one per line")
+    cs.add_argument("--tls-cert", metavar="PATH")
+    cs.add_argument("--tls-key", metavar="PATH")
+    cs.add_argument("--no-advertise", action="store_true", help="do not advertise with zeroconf")
+    cs.add_argument("--max-batch-size", type=int, default=8, metavar="N", help="requests per batch (default 8)")
+    cs.add_argument("--max-queue-delay-ms", type=float, default=2.0, metavar="MS",
+                    help="longest wait for a batch to fill (default 2)")
+    cs.add_argument("--postprocess", choices=("yolo",), help="send back detections instead of raw outputs")
+    cs.set_defaults(fn=_cmd_cloud_serve)
     return p
 
 

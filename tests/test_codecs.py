@@ -84,3 +84,10 @@ def test_compression_shrinks_sparse_activations():
     raw = encode_tensor(x, "raw").nbytes
     assert encode_tensor(x, "raw+zstd").nbytes < raw
     assert encode_tensor(x, "int8+lz4").nbytes < raw / 4
+
+
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_empty_tensors_travel(codec):
+    x = np.zeros((0, 6), np.float32)  # e.g. no detections
+    y = decode_tensor(encode_tensor(x, codec))
+    assert y.shape == (0, 6) and y.dtype == np.float32

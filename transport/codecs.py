@@ -84,9 +84,9 @@ def _int8_encode(x: np.ndarray) -> tuple[bytes, dict[str, Any]]:
     axis = _quant_axis(x.shape)
     xf = np.ascontiguousarray(x, dtype=np.float32)
     if axis is None:
-        view = xf.reshape(1, 1, -1)
+        view = xf.reshape(1, 1, xf.size)
     else:
-        view = xf.reshape(x.shape[0], x.shape[1], -1)  # (N, C, rest)
+        view = xf.reshape(x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64)))  # (N, C, rest)
     if xf.size:
         lo = view.min(axis=(0, 2))
         hi = view.max(axis=(0, 2))
@@ -116,7 +116,7 @@ def _int8_dequant(buf: Any, shape: tuple[int, ...], dtype: str, quant: dict[str,
     if quant["axis"] == -1:
         out = q.astype(np.float32) * scale[0] + lo[0]
     else:
-        v = q.reshape(shape[0], shape[1], -1)
+        v = q.reshape(shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64)))
         out = v.astype(np.float32)
         out *= scale[None, :, None]
         out += lo[None, :, None]
@@ -159,7 +159,7 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
     shape = tuple(int(d) for d in arr.shape)
     quant = None
     if c.base == "raw":
-        payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B")
+        payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B") if arr.size else b""
     elif c.base == "fp16":
         peak = float(np.max(np.abs(arr))) if arr.size else 0.0  # one pass; NaN/inf travel as themselves
         if peak > FP16_MAX and np.isfinite(peak):

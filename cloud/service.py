@@ -1,0 +1,422 @@
+"""The cloud service: finishes the compute for many edge devices at once.
+
+One :class:`CloudService` loads plans (hashes verified), accepts edge connections over TCP
+(+TLS) and WebRTC, checks each hello (protocol version, plan hash, token), batches requests per
+(plan, candidate) (:mod:`~splitinfer.cloud.batcher`), runs cloud segments on onnxruntime
+(:mod:`~splitinfer.cloud.sessions`), and answers with the outputs and its receive, queue and
+compute times. Bad frames get an error frame naming the problem; the service keeps serving
+everyone else. An HTTP port serves ``/healthz``, ``/readyz``, ``/metrics``, ``/v1/plans`` and
+the WebRTC signalling endpoint ``/v1/webrtc/offer``.
+
+>>> async with CloudService(["plans/yolo-n"], listen=("0.0.0.0", 7000)) as svc:   # doctest: +SKIP
+...     await svc.wait_closed()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hmac
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from .._types import TensorSpec
+from ..errors import ChannelClosed, PlanError, ProtocolError, SplitinferError
+from ..postprocess import POSTPROCESSORS, postprocess
+from ..splitter.plan import Candidate, Plan
+from ..transport import wire
+from ..transport.channel import Channel
+from ..transport.tcp import TcpServer, server_ssl_context
+from .batcher import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_DELAY_MS, Batcher, Busy,
+                      DeadlineExceeded)
+from .metrics import Metrics
+from .sessions import SessionPool
+
+__all__ = ["CloudService", "load_tokens", "HELLO_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0  # a connection that says nothing for this long is closed
+MAX_INFLIGHT_PER_CONNECTION = 64  # requests one edge may have open; beyond: "busy"
+
+
+def load_tokens(path: str | os.PathLike[str]) -> set[str]:
+    """One token per line; blank lines and ``#`` comments ignored."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise SplitinferError(f"--token-file {path}: {exc.strerror or exc}") from exc
+    tokens = {ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")}
+    if not tokens:
+        raise SplitinferError(f"--token-file {path}: no tokens in it (expected one per line)")
+    return tokens
+
+
+class _RequestError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Served:
+    plan: Plan
+    postprocess: str | None
+
+
+class CloudService:
+    def __init__(self, plans: Sequence[str | os.PathLike[str] | Plan], *,
+                 listen: tuple[str, int] = ("127.0.0.1", 7000), http: tuple[str, int] | None = ("127.0.0.1", 8000),
+                 tokens: Collection[str] | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+                 advertise: bool = True, name: str | None = None,
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS,
+                 max_queue: int = DEFAULT_MAX_QUEUE, max_sessions: int = 16, workers: int | None = None,
+                 providers: Sequence[str] | None = None, threads: int | None = None,
+                 postprocess: Mapping[str, str] | str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+        if not plans:
+            raise PlanError("the cloud service needs at least one plan")
+        self.plans: dict[str, _Served] = {}
+        for p in plans:
+            plan = p if isinstance(p, Plan) else Plan.load(p)
+            pp = postprocess if isinstance(postprocess, str) else (postprocess or {}).get(plan.hash)
+            if pp is not None and pp not in POSTPROCESSORS:
+                raise SplitinferError(f"unknown post-processing {pp!r}; expected one of {sorted(POSTPROCESSORS)}")
+            if pp == "yolo" and (len(plan.outputs) != 1 or len(plan.outputs[0].shape) != 3):
+                raise SplitinferError(f"plan {plan.name} ({plan.hash[:12]}): yolo post-processing needs one output "
+                                      f"(B, 4 + classes, N), the plan has {[list(t.shape) for t in plan.outputs]}")
+            self.plans[plan.hash] = _Served(plan, pp)
+        self.listen, self.http_addr = listen, http
+        self.tokens = set(tokens) if tokens else None
+        self.tls = (tls_cert, tls_key) if tls_cert or tls_key else None
+        if self.tls and not (tls_cert and tls_key):
+            raise SplitinferError("TLS needs both --tls-cert and --tls-key")
+        self.advertise = advertise
+        self.name = name or f"splitinfer-{socket.gethostname()}"
+        self.batch_opts = {"max_batch_size": max_batch_size, "max_queue_delay_ms": max_queue_delay_ms,
+                           "max_queue": max_queue}
+        self.limits = limits
+        self.pool = SessionPool(max_sessions, providers=providers, threads=threads)
+        self.metrics = Metrics()
+        self._workers = workers or max(2, min(8, os.cpu_count() or 2))
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._batchers: dict[tuple[str, str], Batcher] = {}
+        self._tcp: TcpServer | None = None
+        self._http_runner: Any = None
+        self._webrtc: Any = None
+        self._advertiser: Any = None
+        self._channels: set[Channel] = set()
+        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.Event()
+        self.state = "new"  # new -> running -> stopping -> stopped
+        self.port = 0
+        self.http_port = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> "CloudService":
+        if self.state != "new":
+            raise RuntimeError(f"cannot start a service in state {self.state!r}")
+        self._executor = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="splitinfer-cloud")
+        ssl = server_ssl_context(*self.tls) if self.tls else None  # type: ignore[arg-type]
+        self._tcp = await TcpServer.start(self._handle_tcp, self.listen[0], self.listen[1], ssl=ssl, limits=self.limits)
+        self.port = self._tcp.port
+        if self.http_addr is not None:
+            await self._start_http()
+        if self.advertise:
+            await self._start_advertising()
+        self.state = "running"
+        return self
+
+    async def _start_http(self) -> None:
+        from aiohttp import web
+
+        from .httpapi import make_app
+
+        webrtc = None
+        try:
+            from ..transport.webrtc import WebRtcAcceptor
+
+            webrtc = self._webrtc = WebRtcAcceptor(self._handle_webrtc, limits=self.limits)
+        except ImportError:  # pragma: no cover - the webrtc extra is absent
+            pass
+        self._http_runner = web.AppRunner(make_app(self, webrtc), access_log=None)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, self.http_addr[0], self.http_addr[1])  # type: ignore[index]
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _start_advertising(self) -> None:
+        from ..transport.discovery import Advertiser
+
+        host = self.listen[0]
+        if host in ("0.0.0.0", ""):
+            host = _primary_address()
+        url = f"http://{host}:{self.http_port}/v1/webrtc/offer" if self.http_port else None
+        try:
+            self._advertiser = await Advertiser.start(self.name, port=self.port, plans=list(self.plans), host=host,
+                                                      webrtc_url=url, token_required=self.tokens is not None,
+                                                      tls=self.tls is not None)
+        except Exception as exc:  # discovery is a convenience: never fatal
+            log.warning("zeroconf advertising failed: %s", exc)
+
+    async def stop(self, *, drain_s: float = 5.0) -> None:
+        """Stop accepting, finish what is queued (at most ``drain_s``), close every channel."""
+        if self.state in ("stopping", "stopped", "new"):
+            if self.state == "new":
+                self.state = "stopped"
+                self._closed.set()
+            return
+        self.state = "stopping"
+        if self._advertiser is not None:
+            with contextlib.suppress(Exception):
+                await self._advertiser.aclose()
+        if self._tcp is not None and self._tcp._server is not None:
+            self._tcp._server.close()  # no new connections; open ones keep being served while draining
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(b.aclose(drain=True) for b in self._batchers.values())), drain_s)
+        for b in self._batchers.values():
+            await b.aclose(drain=False)
+        for ch in list(self._channels):
+            with contextlib.suppress(Exception):
+                await ch.send(wire.Bye("shutdown"))
+        if self._tcp is not None:
+            await self._tcp.aclose()
+        if self._webrtc is not None:
+            await self._webrtc.aclose()
+        for t in list(self._conn_tasks):
+            t.cancel()
+        await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.clear()
+        self.state = "stopped"
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> "CloudService":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        scheme = "tls" if self.tls else "tcp"
+        out = {"edge": f"{scheme}://{self.listen[0]}:{self.port}"}
+        if self.http_port:
+            base = f"http://{self.http_addr[0]}:{self.http_port}"  # type: ignore[index]
+            out.update(http=base, metrics=f"{base}/metrics", webrtc=f"{base}/v1/webrtc/offer")
+        return out
+
+    # ------------------------------------------------------------------ connections
+    async def _handle_tcp(self, ch: Channel) -> None:
+        await self._serve(ch, "tls" if self.tls else "tcp")
+
+    async def _handle_webrtc(self, ch: Channel) -> None:
+        await self._serve(ch, "webrtc")
+
+    async def _serve(self, ch: Channel, transport: str) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conn_tasks.add(task)
+        self._channels.add(ch)
+        gauge = self.metrics.connections.labels(transport)
+        gauge.inc()
+        try:
+            served = await self._hello(ch)
+            if served is None:
+                return
+            await self._requests(ch, served)
+        except ChannelClosed:
+            pass
+        finally:
+            gauge.dec()
+            self._channels.discard(ch)
+            if task is not None:
+                self._conn_tasks.discard(task)
+            await ch.aclose()
+
+    async def _hello(self, ch: Channel) -> _Served | None:
+        try:
+            msg = await asyncio.wait_for(ch.recv(), HELLO_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return None
+        except ProtocolError as exc:
+            await self._refuse(ch, "protocol", f"expected a hello frame: {exc}")
+            return None
+        if not isinstance(msg, wire.Hello):
+            await self._refuse(ch, "protocol", f"expected a hello frame first, got {msg.KIND!r}")
+            return None
+        if msg.protocol != wire.PROTOCOL_VERSION:
+            await self._refuse(ch, "version", f"protocol version {msg.protocol} is not served; this service speaks "
+                                              f"version {wire.PROTOCOL_VERSION}")
+            return None
+        served = self.plans.get(msg.plan_hash)
+        if served is None:
+            await self._refuse(ch, "plan", f"plan {msg.plan_hash[:16]}… is not served here; served plans: "
+                                           f"{[h[:16] for h in self.plans]}")
+            return None
+        if self.tokens is not None and not any(hmac.compare_digest((msg.token or "").encode(), t.encode())
+                                               for t in self.tokens):
+            await self._refuse(ch, "token", "missing token" if not msg.token else "the token is not accepted")
+            return None
+        await ch.send(wire.Welcome(uuid.uuid4().hex[:12], server=f"splitinfer {__version__} {self.name}",
+                                   max_frame=self.limits.max_frame))
+        return served
+
+    async def _refuse(self, ch: Channel, reason: str, message: str) -> None:
+        self.metrics.errors.labels(f"refused_{reason}").inc()
+        with contextlib.suppress(Exception):
+            await ch.send(wire.Refusal(reason, message))
+
+    async def _requests(self, ch: Channel, served: _Served) -> None:
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    msg = await ch.recv()
+                except ProtocolError as exc:
+                    if ch.closed:  # the framing broke: the channel is gone
+                        return
+                    await self._error(ch, None, "protocol", str(exc))
+                    continue
+                if isinstance(msg, wire.InferRequest):
+                    if len(inflight) >= MAX_INFLIGHT_PER_CONNECTION:
+                        await self._error(ch, msg.request_id, "busy",
+                                          f"{len(inflight)} requests already open on this connection")
+                        continue
+                    t = asyncio.create_task(self._infer(ch, served, msg))
+                    inflight.add(t)
+                    t.add_done_callback(inflight.discard)
+                elif isinstance(msg, wire.Ping):
+                    await ch.send(wire.Pong(msg.seq, msg.sent_at, recv_ms=msg.info.seconds * 1e3 if msg.info else 0.0,
+                                            nbytes=msg.info.nbytes if msg.info else 0))
+                elif isinstance(msg, wire.Bye):
+                    return
+                else:
+                    await self._error(ch, None, "protocol", f"unexpected {msg.KIND!r} frame after the hello")
+        finally:
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+
+    async def _error(self, ch: Channel, request_id: int | None, code: str, message: str) -> None:
+        self.metrics.errors.labels(code).inc()
+        with contextlib.suppress(ChannelClosed):
+            await ch.send(wire.Error(request_id, code, message))
+
+    # ------------------------------------------------------------------ inference
+    def _check(self, served: _Served, req: wire.InferRequest) -> Candidate:
+        plan = served.plan
+        if req.plan_hash != plan.hash:
+            raise _RequestError("unknown_plan", f"request for plan {req.plan_hash[:16]}…, this connection's hello "
+                                                f"was for {plan.hash[:16]}…")
+        try:
+            cand = plan.candidate(req.candidate)
+        except PlanError as exc:
+            raise _RequestError("unknown_candidate", str(exc)) from None
+        if cand.cloud is None:
+            raise _RequestError("bad_request", f"candidate {cand.id!r} runs entirely on the edge; nothing to compute")
+        want = {t.name: t for t in cand.cut}
+        got = set(req.tensors)
+        if got != set(want):
+            missing, extra = sorted(set(want) - got), sorted(got - set(want))
+            raise _RequestError("shape", f"candidate {cand.id!r} takes tensors {sorted(want)}; missing {missing}, "
+                                         f"unexpected {extra}")
+        rows = None
+        for name, arr in req.tensors.items():
+            spec: TensorSpec = want[name]
+            ok_dtype = arr.dtype.name == spec.dtype
+            ok_shape = (arr.shape[1:] == spec.shape[1:] and arr.ndim == len(spec.shape) and arr.shape[0] >= 1
+                        if cand.cloud.batch_dynamic else tuple(arr.shape) == spec.shape)
+            if not (ok_dtype and ok_shape):
+                raise _RequestError("shape", f"tensor {name!r}: expected {spec.dtype} {list(spec.shape)}, got "
+                                             f"{arr.dtype.name} {list(arr.shape)}")
+            if rows is not None and arr.shape[0] != rows:
+                raise _RequestError("shape", f"tensor {name!r}: batch {arr.shape[0]} differs from the others' {rows}")
+            rows = arr.shape[0]
+        return cand
+
+    def _batcher(self, plan: Plan, cand: Candidate) -> Batcher:
+        key = (plan.hash, cand.id)
+        b = self._batchers.get(key)
+        if b is None:
+            assert cand.cloud is not None and self._executor is not None
+            path = str(plan.file(cand.cloud))
+            outputs = list(cand.cloud.outputs)
+
+            def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                sess = self.pool.get(key, path)
+                self.metrics.sessions.set(self.pool.loaded)
+                return dict(zip(outputs, sess.run(outputs, feeds)))
+
+            depth = self.metrics.queue_depth.labels(plan.hash[:12], cand.id)
+            b = self._batchers[key] = Batcher(run, self._executor, batchable=cand.cloud.batch_dynamic,
+                                              on_depth=depth.set, **self.batch_opts)
+        return b
+
+    async def _infer(self, ch: Channel, served: _Served, req: wire.InferRequest) -> None:
+        received = req.info.end if req.info else time.monotonic()
+        recv_ms = req.info.seconds * 1e3 if req.info else 0.0
+        plan = served.plan
+        try:
+            cand = self._check(served, req)
+            self.metrics.requests.labels(plan.hash[:12], cand.id).inc()
+            if self.state != "running":
+                raise _RequestError("shutdown", "the service is shutting down")
+            deadline = received + req.deadline_ms / 1e3 if req.deadline_ms is not None else None
+            if deadline is not None and time.monotonic() > deadline:
+                raise _RequestError("deadline", f"the deadline ({req.deadline_ms:.1f} ms) passed on arrival")
+            try:
+                res = await self._batcher(plan, cand).submit(req.tensors, deadline=deadline)
+            except Busy as exc:
+                raise _RequestError("busy", str(exc)) from None
+            except DeadlineExceeded as exc:
+                raise _RequestError("deadline", str(exc)) from None
+            outputs = cand.finish(req.tensors, res.outputs, plan.output_names)
+            if served.postprocess:
+                outputs = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, postprocess, served.postprocess, outputs)
+            self.metrics.queue.observe(res.queue_s)
+            self.metrics.compute.observe(res.compute_s)
+            self.metrics.batch_size.observe(res.batch_size)
+            result = wire.Result(req.request_id, outputs, codec=req.result_codec,
+                                 timings=wire.ServerTimings(recv_ms, res.queue_s * 1e3, res.compute_s * 1e3,
+                                                            res.batch_size))
+            await ch.send(result)
+            self.metrics.latency.labels(plan.hash[:12], cand.id).observe(time.monotonic() - received)
+        except _RequestError as exc:
+            await self._error(ch, req.request_id, exc.code, str(exc))
+        except ChannelClosed:
+            pass
+        except Exception as exc:  # a bug or a runtime failure: the sender hears of it, others go on
+            log.exception("request %s failed", req.request_id)
+            await self._error(ch, req.request_id, "internal", f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ status
+    def plans_json(self) -> list[dict[str, Any]]:
+        return [{"plan_hash": h, "name": s.plan.name, "postprocess": s.postprocess,
+                 "inputs": [t.to_json() for t in s.plan.inputs], "outputs": [t.to_json() for t in s.plan.outputs],
+                 "candidates": [{"id": c.id, "kind": c.kind, "cut": [t.to_json() for t in c.cut],
+                                 "batch_dynamic": bool(c.cloud and c.cloud.batch_dynamic)} for c in s.plan.candidates]}
+                for h, s in self.plans.items()]
+
+
+def _primary_address() -> str:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outgoing interface
+        return str(s.getsockname()[0])
+    return "127.0.0.1"
