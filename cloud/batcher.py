@@ -3,6 +3,9 @@ batch dimension, up to ``max_batch_size`` requests, waiting at most ``max_queue_
 first one arrived (Triton's two knobs). The model runs in a worker thread so the event loop stays
 free; every caller gets its own rows back, or the error that hit the batch.
 
+A request that arrives alone, when nothing else arrived while the previous batch ran, is run at
+once instead of waiting for company that is not coming (one client gets no added latency).
+
 The queue is bounded: when ``max_queue`` requests wait, :meth:`Batcher.submit` raises
 :class:`Busy` at once, so the edge can finish the frame itself instead of waiting ever longer.
 A request whose deadline passes while it waits is answered with :class:`DeadlineExceeded` and
@@ -70,6 +73,8 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._running = False
+        self._company = 0  # requests that arrived while a batch ran or others waited
         self.batches = 0
 
     @property
@@ -87,6 +92,8 @@ class Batcher:
             self._task = asyncio.create_task(self._loop())
         fut: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         rows = int(next(iter(feeds.values())).shape[0]) if feeds else 1
+        if self._running or len(self._pending) > 0:
+            self._company += 1  # someone else wants this cut too: batches are worth waiting for
         self._pending.append(_Pending(feeds, rows, time.monotonic(), deadline, fut))
         self.on_depth(len(self._pending))
         self._arrived.set()
@@ -99,9 +106,12 @@ class Batcher:
                     return
                 self._arrived.clear()
                 await self._arrived.wait()
-            # wait for the batch to fill, at most max_queue_delay after its first request
+            # Wait for the batch to fill, at most max_queue_delay after its first request; but a
+            # lone request is not held back when nothing else came while the last batch ran (one
+            # client, or a quiet cut: waiting would only add latency).
             first = self._pending[0].enqueued
-            while len(self._pending) < self.max_batch_size and not self._closing:
+            lonely = len(self._pending) == 1 and self._company == 0
+            while len(self._pending) < self.max_batch_size and not self._closing and not lonely:
                 left = first + self.max_queue_delay_s - time.monotonic()
                 if left <= 0:
                     break
@@ -127,17 +137,21 @@ class Batcher:
 
     async def _run_batch(self, batch: list[_Pending]) -> None:
         start = time.monotonic()
+        self._running = True
+        self._company = len(batch) - 1
         feeds = batch[0].feeds if len(batch) == 1 else {
             k: np.concatenate([p.feeds[k] for p in batch], 0) for k in batch[0].feeds}
         loop = asyncio.get_running_loop()
         try:
             outputs = await loop.run_in_executor(self.executor, self.run, dict(feeds))
         except Exception as exc:
+            self._running = False
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
         compute = time.monotonic() - start
+        self._running = False
         self.batches += 1
         row = 0
         for p in batch:

@@ -367,3 +367,21 @@ def test_cloud_serve_without_token_file_warns_and_bad_plan_exits_2(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no manifest.json" in p.stderr
     assert "warning: no --token-file" in p.stderr
+
+
+def test_a_lone_client_is_not_held_back_by_the_batching_delay(yolo_plan):
+    plan = Plan.load(yolo_plan)
+    cid = plan.candidates[0].id
+    cut, _ = cut_for(plan, cid)
+
+    async def main():
+        async with service(yolo_plan, max_batch_size=8, max_queue_delay_ms=500) as svc:
+            ch, _ = await connect(svc, plan)
+            queues = []
+            for i in range(5):
+                r = await infer(ch, plan, cid, cut, rid=i)
+                queues.append(r.timings.queue_ms)
+            await ch.aclose()
+            return queues
+    queues = arun(main())
+    assert max(queues) < 250, queues  # far below the 500 ms delay a fixed wait would add
