@@ -104,7 +104,11 @@ def test_public_names():
         "client_ssl_context", "MemoryChannel", "memory_pair", "BandwidthMonitor", "ActiveProber", "LinkEmulator",
         "RateSchedule", "load_trace", "parse_rate",
     }
-    for mod in (splitinfer, sp, tr):
+    import splitinfer.cloud as cl
+
+    assert set(cl.__all__) == {"CloudService", "load_tokens", "Batcher", "BatchResult", "Busy", "DeadlineExceeded",
+                               "SessionPool", "best_providers"}
+    for mod in (splitinfer, sp, tr, cl):
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.{name} is exported but missing"
 
