@@ -1,3 +1,14 @@
-"""splitinfer.edge — see docs/architecture.md; built in a later issue."""
+"""splitinfer.edge: the device side. Runs the edge segment, picks the cut per frame from the
+live bandwidth estimate, its own timings and the cloud's load, and finishes frames locally when
+the cloud is slow or gone. Never imports cloud/."""
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from .agent import EdgeAgent, SyncEdgeAgent
+from .breaker import CircuitBreaker
+from .controller import Choice, Controller
+from .result import FrameResult
+from .runtime import Backend, OrtBackend
+
+__all__ = ["EdgeAgent", "SyncEdgeAgent", "FrameResult", "Controller", "Choice", "CircuitBreaker", "Backend",
+           "OrtBackend"]

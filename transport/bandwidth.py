@@ -65,12 +65,14 @@ class BandwidthMonitor:
     """
 
     def __init__(self, *, fast_half_life_s: float = 0.25, slow_half_life_s: float = 0.6, safety: float = 0.9,
-                 min_sample_bytes: int = 32 * 1024, default_mbps: float = 5.0, stale_after_s: float = 0.5,
+                 min_sample_bytes: int = 32 * 1024, min_sample_s: float = 0.002, default_mbps: float = 5.0,
+                 stale_after_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.fast = Ewma(fast_half_life_s)
         self.slow = Ewma(slow_half_life_s)
         self.safety = safety  # share of the measured rate the estimate promises
         self.min_sample_bytes = min_sample_bytes  # smaller transfers do not count as throughput
+        self.min_sample_s = min_sample_s  # nor faster ones: the frame was buffered, not timed on the wire
         self.default_mbps = default_mbps  # before the first sample
         self.stale_after_s = stale_after_s  # after this long without samples, old ones lose weight
         self.clock = clock
@@ -82,7 +84,7 @@ class BandwidthMonitor:
     # ------------------------------------------------------------------ samples
     def add_transfer(self, nbytes: int, seconds: float, at: float | None = None) -> bool:
         """A transfer of ``nbytes`` that took ``seconds`` first to last byte. False if ignored."""
-        if nbytes < self.min_sample_bytes or seconds <= 0:
+        if nbytes < self.min_sample_bytes or seconds < self.min_sample_s:
             return False
         mbps = nbytes * 8 / seconds / 1e6
         now = self.clock() if at is None else at

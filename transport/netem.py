@@ -132,7 +132,7 @@ class _Link:
 
     def chunk_size(self) -> int:
         rate = self.rate_mbps() * 1e6 / 8
-        return int(min(_MAX_CHUNK, max(_MIN_CHUNK, rate * 0.004)))  # ~4 ms of the link per chunk
+        return int(min(_MAX_CHUNK, max(_MIN_CHUNK, rate * 0.001)))  # ~1 ms of the link per chunk
 
     async def transmit(self, n: int) -> float:
         """Book ``n`` bytes on the link; returns the time their last byte leaves it.

@@ -1,0 +1,442 @@
+"""The edge agent: runs the edge segment on the device, sends the cut tensors, picks the cut for
+every frame, and finishes the frame itself when the cloud is slow or gone. Every input gets
+exactly one result, in order.
+
+>>> async with EdgeAgent(Plan.load("plans/yolo-n"), cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
+...     r = await agent.infer({"input": frame})
+...     async for r in agent.stream(frames):
+...         print(r.index, r.candidate, r.timings["total_ms"], r.fallback)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+from ..errors import ChannelClosed, ChannelError, PlanError, RefusedError, SplitinferError
+from ..postprocess import postprocess as run_postprocess
+from ..splitter.cost_model import CostModel
+from ..splitter.plan import Candidate, Plan
+from ..transport import wire
+from ..transport.bandwidth import ActiveProber, BandwidthMonitor
+from ..transport.channel import Channel
+from ..transport.codecs import encode_tensor
+from .breaker import CircuitBreaker
+from .controller import Controller
+from .result import FrameResult
+from .runtime import Backend, OrtBackend
+
+__all__ = ["EdgeAgent", "SyncEdgeAgent"]
+
+log = logging.getLogger(__name__)
+
+_MIN_WAIT_S = 0.03  # the shortest a frame waits for the cloud
+_MAX_WAIT_S = 3.0  # the longest, whatever the prediction
+
+
+class EdgeAgent:
+    """Split inference on the edge device. ``cloud`` is ``"auto"`` (zeroconf), ``tcp://host:port``,
+    ``tls://host:port``, ``webrtc://host:port`` (the cloud's HTTP port), or None (all local).
+    ``candidate`` pins one cut (an id, or ``edge``/``cloud``) instead of adapting."""
+
+    def __init__(self, plan: Plan | str, cloud: str | None = "auto", *, token: str | None = None,
+                 codec: str = "fp16", input_codec: str | None = None, policy: str = "latency",
+                 latency_budget_ms: float | None = None, candidate: str | None = None, max_inflight: int = 2,
+                 postprocess: str | None = None, threads: int | None = None, edge_slowdown: float = 1.0,
+                 monitor: BandwidthMonitor | None = None, connect_timeout_s: float = 5.0,
+                 cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0) -> None:
+        self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+        self.cloud_url, self.token, self.client_id = cloud, token, client_id
+        self.codec, self.input_codec = codec, input_codec or codec
+        self.pinned = self._resolve(candidate) if candidate else None
+        self.max_inflight = max(1, max_inflight)
+        self.postprocess = postprocess
+        self.threads = threads
+        self.emulate_slowdown = emulate_slowdown  # see OrtBackend: a fast machine standing in for a slow device
+        self.cafile = cafile
+        self.connect_timeout_s = connect_timeout_s
+        cm = CostModel.from_plan(self.plan, edge_slowdown=edge_slowdown)
+        self.controller = Controller(cm, policy=policy, latency_budget_ms=latency_budget_ms)
+        self.monitor = monitor or BandwidthMonitor()
+        self.breaker = CircuitBreaker(max_cooldown_s=4.0)
+        self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
+        self._backends: dict[str, Backend] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="splitinfer-edge")
+        self._ch: Channel | None = None
+        self._pending: dict[int, asyncio.Future[wire.Message]] = {}
+        self._ids = itertools.count(1)
+        self._frames = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._prober: ActiveProber | None = None
+        self._inflight_bytes = 0  # sent to the cloud, not yet answered
+        self.refused: RefusedError | None = None
+        self.reconnects = 0
+
+    def _resolve(self, cid: str) -> int:
+        ids = [c.id for c in self.plan.candidates]
+        if cid not in ids:
+            raise PlanError(f"no candidate {cid!r}; the candidates are {ids}")
+        return ids.index(cid)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> "EdgeAgent":
+        if self.cloud_url is not None:
+            self._spawn(self._supervise())
+            with contextlib.suppress(asyncio.TimeoutError):  # not fatal: frames run locally meanwhile
+                await asyncio.wait_for(self._connected.wait(), self.connect_timeout_s)
+        return self
+
+    async def aclose(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        ch = self._ch
+        if ch is not None:
+            with contextlib.suppress(Exception):
+                await ch.send(wire.Bye("edge closing"))
+            await ch.aclose()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> "EdgeAgent":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    @property
+    def connected(self) -> bool:
+        return self._ch is not None and not self._ch.closed
+
+    # ------------------------------------------------------------------ connection
+    async def _open(self) -> Channel:
+        url = self.cloud_url
+        if url == "auto":
+            from ..transport.discovery import discover
+
+            found = await discover(plan_hash=self.plan.hash, first=True, timeout=3.0)
+            if not found:
+                raise ChannelError(f"no cloud service for plan {self.plan.hash[:12]} found by zeroconf")
+            url = found[0].tcp_url
+        assert url is not None
+        u = urlparse(url)
+        if u.scheme in ("tcp", "tls"):
+            from ..transport.tcp import TcpChannel, client_ssl_context
+
+            ssl = client_ssl_context(self.cafile) if u.scheme == "tls" else None
+            ch: Channel = await TcpChannel.connect(u.hostname or "127.0.0.1", u.port or 7000, ssl=ssl,
+                                                   server_hostname=u.hostname, timeout=self.connect_timeout_s)
+        elif u.scheme == "webrtc":
+            from ..transport.webrtc import WebRtcChannel
+
+            ch = await WebRtcChannel.connect(f"http://{u.hostname}:{u.port or 8000}/v1/webrtc/offer",
+                                             timeout=self.connect_timeout_s)
+        else:
+            raise ChannelError(f"cloud URL {url!r}: expected auto, tcp://, tls:// or webrtc://")
+        await ch.send(wire.Hello(self.plan.hash, self.client_id, token=self.token))
+        reply = await asyncio.wait_for(ch.recv(), self.connect_timeout_s)
+        if isinstance(reply, wire.Refusal):
+            await ch.aclose()
+            raise RefusedError(f"the cloud refused the hello: {reply.message}", reply.reason)
+        if not isinstance(reply, wire.Welcome):
+            await ch.aclose()
+            raise ChannelError(f"expected a welcome, got {reply.KIND!r}")
+        return ch
+
+    async def _supervise(self) -> None:
+        """Keep a connection: connect, read until it drops, reconnect with backoff."""
+        backoff = 0.1
+        while not self._closing:
+            try:
+                ch = await self._open()
+            except RefusedError as exc:
+                self.refused = exc
+                log.warning("%s", exc)
+                backoff = 5.0
+            except (ChannelError, OSError, asyncio.TimeoutError, SplitinferError) as exc:
+                log.info("cloud not reachable: %s", exc)
+            else:
+                self.refused = None
+                backoff = 0.1
+                self._ch = ch
+                self._connected.set()
+                self._prober = ActiveProber(self.monitor, ch.send)
+                probe = self._spawn(self._prober.run())
+                try:
+                    await self._read(ch)
+                finally:
+                    probe.cancel()
+                    self._ch = None
+                    self._connected.clear()
+                    for fut in self._pending.values():
+                        if not fut.done():
+                            fut.set_exception(ChannelClosed("the connection to the cloud was lost"))
+                    await ch.aclose()
+                self.reconnects += 1
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _read(self, ch: Channel) -> None:
+        while True:
+            try:
+                msg = await ch.recv()
+            except ChannelClosed:
+                return
+            except wire.ProtocolError as exc:
+                if ch.closed:
+                    return
+                log.warning("bad frame from the cloud: %s", exc)
+                continue
+            if isinstance(msg, (wire.Result, wire.Error)) and msg.request_id is not None:
+                fut = self._pending.pop(msg.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                elif isinstance(msg, wire.Result):  # late: the frame was finished locally, but it still measured the link
+                    self.monitor.add_transfer(msg.info.nbytes if msg.info else 0, 0)
+            elif isinstance(msg, wire.Pong):
+                if self._prober is not None:
+                    self._prober.on_pong(msg)
+                if self.breaker.state(time.monotonic()) == "half-open":
+                    self.breaker.success()
+            elif isinstance(msg, wire.Bye):
+                return
+
+    # ------------------------------------------------------------------ compute
+    def _backend(self, path: str) -> Backend:
+        b = self._backends.get(path)
+        if b is None:
+            b = self._backends[path] = OrtBackend(path, threads=self.threads, emulate_slowdown=self.emulate_slowdown)
+        return b
+
+    async def _run_local(self, path: str, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        loop = asyncio.get_running_loop()
+        t = time.perf_counter()
+        out = await loop.run_in_executor(self._executor, lambda: self._backend(path).run(feeds))
+        return out, (time.perf_counter() - t) * 1e3
+
+    def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.postprocess and "detections" not in outputs:
+            return run_postprocess(self.postprocess, outputs)
+        return outputs
+
+    async def infer(self, inputs: Mapping[str, np.ndarray]) -> FrameResult:
+        """One frame. Never raises for cloud trouble: the frame is finished locally instead."""
+        for spec in self.plan.inputs:
+            if spec.name not in inputs:
+                raise SplitinferError(f"input {spec.name!r} is missing; the plan's inputs are "
+                                      f"{[t.name for t in self.plan.inputs]}")
+            spec.check(np.asarray(inputs[spec.name]))
+        return await self._process(next(self._frames), inputs)
+
+    async def _process(self, index: int, inputs: Mapping[str, np.ndarray]) -> FrameResult:
+        t0 = time.perf_counter()
+        now = time.monotonic()
+        cloud_ok = self.connected and self.breaker.allows(now)
+        bw = self.monitor.estimate_mbps()
+        backlog_ms = self._inflight_bytes * 8 / (max(bw, 1e-3) * 1e3)  # frames ahead of this one on the uplink
+        if self.pinned is not None:
+            i, explore = self.pinned, False
+            pred = self.controller.predict(bw, self.monitor.min_rtt_ms(), backlog_ms=backlog_ms)[i]
+        else:
+            # base RTT (the 10 s minimum): queueing in a slow link is already in the bandwidth
+            choice = self.controller.choose(bw, self.monitor.min_rtt_ms(), now, backlog_ms=backlog_ms,
+                                            allowed=None if cloud_ok else self.local)
+            i, explore, pred = choice.index, choice.explore, choice.predicted_ms
+        cand = self.plan.candidates[i]
+        timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
+                   "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
+        eout: dict[str, np.ndarray] = {}
+        if cand.edge is not None:
+            eout, timings["edge_ms"] = await self._run_local(str(self.plan.file(cand.edge)),
+                                                             {k: inputs[k] for k in cand.edge.inputs})
+            self.controller.observe_edge(i, timings["edge_ms"])
+        if cand.local:
+            outputs = self._finish(cand.finish({}, eout, self.plan.output_names))
+            timings["total_ms"] = (time.perf_counter() - t0) * 1e3
+            return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore)
+        cut = cand.cut_feed(inputs, eout)
+        result, sent, reason = None, 0, None
+        if cloud_ok or (self.pinned is not None and self.connected):
+            result, sent, reason = await self._remote(i, cand, cut, pred, timings)
+        else:
+            reason = "cloud unavailable" if not self.connected else "circuit open"
+        if result is not None:
+            outputs = self._finish(result)
+            timings["total_ms"] = (time.perf_counter() - t0) * 1e3
+            return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
+                               predicted_ms=pred, explore=explore, batch_size=int(timings.pop("batch", 1)))
+        # finish locally: the cloud segment on the cut we have, or the whole model for all-cloud
+        if cand.edge is None:
+            out, timings["local_ms"] = await self._run_local(str(self.plan.model_file), dict(inputs))
+        else:
+            assert cand.cloud is not None
+            cout, timings["local_ms"] = await self._run_local(str(self.plan.file(cand.cloud)), cut)
+            out = cand.finish(cut, cout, self.plan.output_names)
+        timings.pop("batch", None)
+        timings["total_ms"] = (time.perf_counter() - t0) * 1e3
+        return FrameResult(index, self._finish(out), cand.id, "edge" if cand.edge else None, "edge", sent, timings,
+                           fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore)
+
+    async def _remote(self, i: int, cand: Candidate, cut: dict[str, np.ndarray], pred_ms: float,
+                      timings: dict[str, float]) -> tuple[dict[str, np.ndarray] | None, int, str | None]:
+        ch = self._ch
+        if ch is None:
+            return None, 0, "cloud unavailable"
+        t = time.perf_counter()
+        codec = self.input_codec if cand.edge is None else self.codec
+        encoded = {k: encode_tensor(v, codec) for k, v in cut.items()}
+        timings["encode_ms"] = (time.perf_counter() - t) * 1e3
+        wire_bytes = sum(e.nbytes for e in encoded.values())
+        self.controller.observe_bytes(i, wire_bytes)
+        # the frame's deadline follows from its prediction (network + cloud part), not a fixed timeout
+        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
+        wait_s = min(max(2.0 * network_ms / 1e3 + 0.02, _MIN_WAIT_S), _MAX_WAIT_S)
+        rid = next(self._ids)
+        fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        req = wire.InferRequest(rid, self.plan.hash, cand.id, encoded, codec=codec, deadline_ms=wait_s * 1e3,
+                                result_codec="raw")
+        sent_at = time.perf_counter()
+        info = None
+        self._inflight_bytes += wire_bytes
+        try:
+            async with asyncio.timeout(wait_s):
+                info = await ch.send(req)
+                reply = await fut
+        except (asyncio.TimeoutError, TimeoutError):
+            self._pending.pop(rid, None)
+            # what we know of the link: it did not carry this frame within wait_s
+            self.monitor.add_transfer(wire_bytes, wait_s)
+            self.breaker.failure(time.monotonic())
+            return None, wire_bytes, f"timeout after {wait_s * 1e3:.0f} ms"
+        except (ChannelClosed, ChannelError) as exc:
+            self._pending.pop(rid, None)
+            self.breaker.failure(time.monotonic())
+            return None, wire_bytes if info else 0, f"connection lost: {exc}"
+        finally:
+            self._inflight_bytes -= wire_bytes
+        elapsed_ms = (time.perf_counter() - sent_at) * 1e3
+        if isinstance(reply, wire.Error):
+            self.breaker.failure(time.monotonic())
+            return None, wire_bytes, f"cloud error {reply.code}: {reply.message}"
+        assert isinstance(reply, wire.Result)
+        self.breaker.success()
+        tm = reply.timings
+        timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
+        timings["transfer_ms"] = max(elapsed_ms - tm.queue_ms - tm.compute_ms, 0.0)
+        timings["batch"] = tm.batch_size
+        if info is not None:
+            self.monitor.add_transfer(info.nbytes, tm.recv_ms / 1e3)
+            self.monitor.add_rtt(max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0))
+        self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
+        return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
+
+    async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],
+                     *, fps: float | None = None) -> AsyncIterator[FrameResult]:
+        """Results for ``frames`` in order; frame n+1 runs its edge segment while frame n is on the
+        wire, at most ``max_inflight`` frames at a time (backpressure)."""
+        pending: deque[asyncio.Task[FrameResult]] = deque()
+        sem = asyncio.Semaphore(self.max_inflight)
+        done = asyncio.Event()
+        start = time.monotonic()
+
+        async def produce() -> None:
+            k = 0
+            async for frame in _aiter(frames):
+                if fps:
+                    delay = start + k / fps - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                await sem.acquire()
+                task = asyncio.ensure_future(self._process(next(self._frames), frame))
+                task.add_done_callback(lambda _: sem.release())
+                pending.append(task)
+                k += 1
+                ready.set()
+            done.set()
+            ready.set()
+
+        ready = asyncio.Event()
+        producer = asyncio.ensure_future(produce())
+        try:
+            while True:
+                while not pending and not done.is_set():
+                    ready.clear()
+                    await ready.wait()
+                if not pending:
+                    break
+                yield await pending.popleft()
+            await producer
+        finally:
+            producer.cancel()
+            for t in pending:
+                t.cancel()
+
+
+async def _aiter(frames: Any) -> AsyncIterator[Any]:
+    if hasattr(frames, "__aiter__"):
+        async for f in frames:
+            yield f
+    else:
+        for f in frames:
+            yield f
+            await asyncio.sleep(0)
+
+
+class SyncEdgeAgent:
+    """A thin synchronous facade: the agent lives on an event loop in its own thread.
+
+    >>> with SyncEdgeAgent("plans/yolo-n", cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
+    ...     r = agent.infer_sync({"input": frame})
+    """
+
+    def __init__(self, plan: Plan | str, cloud: str | None = "auto", **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="splitinfer-edge-loop", daemon=True)
+        self._thread.start()
+        self.agent: EdgeAgent = self._call(self._make(plan, cloud, kwargs), 60)
+
+    async def _make(self, plan: Plan | str, cloud: str | None, kwargs: dict[str, Any]) -> EdgeAgent:
+        return await EdgeAgent(plan, cloud, **kwargs).start()
+
+    def _call(self, coro: Any, timeout: float | None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def infer_sync(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 60.0) -> FrameResult:
+        return self._call(self.agent.infer(inputs), timeout)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self.agent.aclose(), 30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> "SyncEdgeAgent":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+

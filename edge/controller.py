@@ -1,0 +1,143 @@
+"""Choosing the cut for each frame.
+
+The plan's cost model predicts every candidate's end-to-end latency from the bandwidth
+monitor's estimate and RTT, the edge's own measured segment times (corrections to the profile),
+the cloud's reported compute and queue times, and each candidate's measured wire size (codec
+ratio). On top of it:
+
+* hysteresis and a minimum dwell time, so the choice does not flap between close candidates
+  (an emergency, where the current choice is predicted ``emergency`` times worse than the best,
+  switches at once);
+* exploration: every ``explore_every_s`` a candidate not used for a while, predicted within
+  ``explore_margin`` of the best, is used for one frame to re-measure it;
+* policies: ``latency`` (lowest predicted latency, the default) and ``bytes`` (fewest uplink
+  bytes among candidates predicted within ``latency_budget_ms``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from ..splitter.cost_model import CostModel
+
+__all__ = ["Controller", "Choice", "POLICIES"]
+
+POLICIES = ("latency", "bytes")
+
+
+class _Ewma:
+    def __init__(self, alpha: float) -> None:
+        self.alpha, self.value = alpha, math.nan
+
+    def add(self, x: float) -> None:
+        self.value = x if math.isnan(self.value) else (1 - self.alpha) * self.value + self.alpha * x
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    id: str
+    predicted_ms: float
+    predictions: tuple[float, ...]
+    explore: bool = False
+
+
+class Controller:
+    def __init__(self, cost_model: CostModel, *, policy: str = "latency", latency_budget_ms: float | None = None,
+                 hysteresis: float = 0.15, min_dwell_s: float = 0.5, emergency: float = 2.0,
+                 explore_every_s: float = 5.0, explore_margin: float = 1.3, alpha: float = 0.3) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy == "bytes" and latency_budget_ms is None:
+            raise ValueError("the bytes policy needs latency_budget_ms")
+        self.cm = cost_model
+        self.policy, self.budget = policy, latency_budget_ms
+        self.hysteresis, self.min_dwell_s, self.emergency = hysteresis, min_dwell_s, emergency
+        self.explore_every_s, self.explore_margin = explore_every_s, explore_margin
+        n = len(cost_model.ids)
+        self._edge = [_Ewma(alpha) for _ in range(n)]  # measured edge ms per candidate
+        self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
+        self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
+        self._queue = _Ewma(alpha)
+        self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
+        self._cloud_scale = _Ewma(alpha)
+        self.current: int | None = None
+        self._since = -math.inf
+        self._last_used = [-math.inf] * n
+        self._last_explore = 0.0
+
+    # ------------------------------------------------------------------ observations
+    def observe_edge(self, i: int, ms: float) -> None:
+        self._edge[i].add(ms)
+        if self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
+            self._edge_scale.add(ms / self.cm.edge_ms[i])
+
+    def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1) -> None:
+        per = compute_ms  # the edge waits for the whole batch: its latency is the batch's compute
+        self._cloud[i].add(per)
+        self._queue.add(queue_ms)
+        if self.cm.cloud_ms[i] > 0.5:
+            self._cloud_scale.add(per / self.cm.cloud_ms[i])
+
+    def observe_bytes(self, i: int, wire_bytes: int) -> None:
+        if self.cm.up_bytes[i] > 0:
+            self._ratio[i].add(wire_bytes / self.cm.up_bytes[i])
+
+    # ------------------------------------------------------------------ estimates
+    def edge_ms(self) -> list[float]:
+        g = 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
+        return [e.value if not math.isnan(e.value) else p * g for e, p in zip(self._edge, self.cm.edge_ms)]
+
+    def cloud_ms(self) -> list[float]:
+        g = 1.0 if math.isnan(self._cloud_scale.value) else self._cloud_scale.value
+        return [c.value if not math.isnan(c.value) else p * g for c, p in zip(self._cloud, self.cm.cloud_ms)]
+
+    def byte_ratios(self, default: float = 1.0) -> list[float]:
+        return [r.value if not math.isnan(r.value) else default for r in self._ratio]
+
+    def queue_ms(self) -> float:
+        return 0.0 if math.isnan(self._queue.value) else self._queue.value
+
+    def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float = 1.0,
+                backlog_ms: float = 0.0) -> list[float]:
+        """``backlog_ms``: time the uplink needs for what is already in flight (delays any send)."""
+        return self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
+                               cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio))
+
+    # ------------------------------------------------------------------ the choice
+    def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
+               default_ratio: float = 1.0, backlog_ms: float = 0.0) -> Choice:
+        """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
+        the cloud is unreachable)."""
+        pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms)
+        idx = list(allowed) if allowed is not None else list(range(len(pred)))
+        if not idx:
+            raise ValueError("no candidate is allowed")
+        if self.policy == "bytes":
+            within = [i for i in idx if pred[i] <= self.budget]  # type: ignore[operator]
+            raw = [self.cm.up_bytes[i] * (self.byte_ratios(default_ratio)[i]) for i in range(len(pred))]
+            best = min(within, key=lambda i: (raw[i], pred[i])) if within else min(idx, key=pred.__getitem__)
+        else:
+            best = min(idx, key=pred.__getitem__)
+        cur = self.current
+        choice = best
+        if cur is not None and cur in idx and cur != best:
+            dwell = now - self._since
+            better = pred[best] < pred[cur] * (1 - self.hysteresis)
+            urgent = pred[cur] > pred[best] * self.emergency
+            if not urgent and not (better and dwell >= self.min_dwell_s):
+                choice = cur
+        explore = False
+        if now - self._last_explore >= self.explore_every_s:
+            stale = [i for i in idx if i != choice and pred[i] <= pred[choice] * self.explore_margin
+                     and now - self._last_used[i] >= self.explore_every_s]
+            if stale:
+                choice = min(stale, key=lambda i: self._last_used[i])
+                explore = True
+                self._last_explore = now
+        if not explore and choice != self.current:
+            self.current, self._since = choice, now
+        self._last_used[choice] = now
+        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore)

@@ -1,0 +1,234 @@
+"""The edge agent against a real cloud service on loopback, with the link emulator between them:
+the cut follows the bandwidth, results match the whole model within the codec's bound, and under
+faults (cloud killed mid-stream, link dropped, cloud restarted) every input gets exactly one
+result, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from conftest import arun
+
+pytest.importorskip("aiohttp")
+
+from splitinfer.cloud import CloudService  # noqa: E402
+from splitinfer.edge import CircuitBreaker, Controller, EdgeAgent, SyncEdgeAgent  # noqa: E402
+from splitinfer.splitter import CostModel, Plan  # noqa: E402
+from splitinfer.splitter.profiler import make_session, random_feeds  # noqa: E402
+from splitinfer.transport import LinkEmulator  # noqa: E402
+
+SLOW = 30.0  # the edge stands for a device this many times slower than this machine
+
+
+def frames(plan, n, seed=0):
+    return [random_feeds(plan.inputs, seed=seed + i) for i in range(n)]
+
+
+def whole(plan, feeds):
+    sess = make_session(str(plan.model_file))
+    return dict(zip(plan.output_names, sess.run(list(plan.output_names), feeds)))
+
+
+def service(plan_dir, port=0):
+    return CloudService([plan_dir], listen=("127.0.0.1", port), http=None, advertise=False)
+
+
+def test_results_match_the_whole_model_for_every_pinned_candidate(yolo_plan):
+    plan = Plan.load(yolo_plan)
+    fs = frames(plan, 2)
+    want = [whole(plan, f) for f in fs]
+
+    async def main():
+        out = {}
+        async with service(yolo_plan) as svc:
+            for cand in plan.candidates:
+                for codec in ("raw", "fp16", "int8"):
+                    async with EdgeAgent(plan, f"tcp://127.0.0.1:{svc.port}", codec=codec, candidate=cand.id) as ag:
+                        out[cand.id, codec] = [r async for r in ag.stream(fs)]
+        return out
+    out = arun(main(), timeout=120)
+    name = plan.output_names[0]
+    for (cid, codec), results in out.items():
+        assert [r.index for r in results] == [0, 1]
+        for r, w in zip(results, want):
+            assert not r.fallback, (cid, codec, r.fallback_reason)
+            assert r.candidate == cid
+            err = np.abs(r.outputs[name] - w[name]).max()
+            if codec == "raw" or cid == "edge":
+                assert err <= 1e-4, (cid, codec, err)
+            else:  # lossy codecs on the cut: the bound holds on the cut, the model may amplify it
+                assert err <= 0.05 * (np.abs(w[name]).max() + 1), (cid, codec, err)
+
+
+def test_the_cut_follows_the_bandwidth(yolo_plan):
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with service(yolo_plan) as svc:
+            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", codec="int8+lz4",
+                                     emulate_slowdown=SLOW) as ag:
+                    log = []
+                    phase = "fast"
+                    t_phase = time.monotonic()
+                    k = 0
+                    while True:
+                        r = await ag.infer(random_feeds(plan.inputs, seed=k))
+                        k += 1
+                        log.append((phase, r.candidate, r.placement))
+                        elapsed = time.monotonic() - t_phase
+                        if phase == "fast" and elapsed > 4:
+                            phase, t_phase = "slow", time.monotonic()
+                            emu.set_rate(1)
+                        elif phase == "slow" and elapsed > 5:
+                            phase, t_phase = "back", time.monotonic()
+                            emu.set_rate(50)
+                        elif phase == "back" and (elapsed > 15 or (elapsed > 2 and log[-1][1] != "edge")):
+                            return log
+    log = arun(main(), timeout=90)
+    fast = [c for p, c, _ in log if p == "fast"]
+    slow = [c for p, c, _ in log if p == "slow"]
+    back = [c for p, c, _ in log if p == "back"]
+    assert fast[-1] != "edge", fast  # 50 Mbit/s: something goes to the cloud
+    assert slow[-3:] == ["edge"] * 3, slow  # 1 Mbit/s: within a few frames, all on the edge
+    first_edge = slow.index("edge")
+    assert first_edge <= 4, slow
+    assert back[-1] != "edge", back  # and back when the link recovers
+
+
+def test_every_input_one_result_in_order_through_faults(yolo_plan):
+    plan = Plan.load(yolo_plan)
+    n = 170
+
+    async def main():
+        svc = service(yolo_plan)
+        await svc.start()
+        port = svc.port
+        async with LinkEmulator(("127.0.0.1", port), rate_mbps=50) as emu:
+            async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", codec="fp16", emulate_slowdown=SLOW,
+                                 max_inflight=3) as ag:
+                results = []
+                nonlocal_svc = [svc]
+                async for r in ag.stream(frames(plan, n), fps=20):
+                    results.append(r)
+                    if r.index == 10:
+                        await nonlocal_svc[0].stop()  # the cloud dies mid-stream
+                    elif r.index == 25:
+                        nonlocal_svc[0] = service(yolo_plan, port)  # ...and comes back on the same port
+                        await nonlocal_svc[0].start()
+                    elif r.index == 95:
+                        emu.outage(1.0)  # the link goes dark
+                await nonlocal_svc[0].stop()
+                return results, ag.reconnects
+    results, reconnects = arun(main(), timeout=120)
+    assert [r.index for r in results] == list(range(n))  # exactly one each, in order
+    assert any(r.fallback for r in results)  # some frames finished locally
+    assert reconnects >= 1
+    trail = "".join(r.placement[0] for r in results)
+    assert "s" in trail[26:95] or "c" in trail[26:95], trail  # back to the restarted cloud
+    assert "s" in trail[120:] or "c" in trail[120:], trail  # and back after the outage
+    for r in results:
+        assert r.outputs[plan.output_names[0]].shape == plan.outputs[0].shape
+
+
+def test_a_link_outage_costs_a_frame_at_most_its_deadline_plus_local_compute(yolo_plan):
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with service(yolo_plan) as svc:
+            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate="cloud", codec="fp16") as ag:
+                    for k in range(5):
+                        await ag.infer(random_feeds(plan.inputs, seed=k))
+                    emu.outage(5)
+                    t = time.monotonic()
+                    r = await ag.infer(random_feeds(plan.inputs, seed=9))
+                    return r, time.monotonic() - t
+    r, took = arun(main(), timeout=60)
+    assert r.fallback and "timeout" in r.fallback_reason
+    assert took < 1.5  # not the 5 s outage
+
+
+def test_no_cloud_at_all_runs_locally(yolo_plan):
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with EdgeAgent(plan, "tcp://127.0.0.1:9", connect_timeout_s=0.5) as ag:
+            return [r async for r in ag.stream(frames(plan, 4))]
+    results = arun(main())
+    assert [r.index for r in results] == [0, 1, 2, 3]
+    assert all(r.candidate == "edge" or r.fallback for r in results)
+
+
+def test_wrong_token_is_refused_and_frames_still_get_results(yolo_plan):
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        svc = CloudService([yolo_plan], listen=("127.0.0.1", 0), http=None, advertise=False, tokens={"good"})
+        async with svc:
+            async with EdgeAgent(plan, f"tcp://127.0.0.1:{svc.port}", token="bad", connect_timeout_s=1) as ag:
+                r = await ag.infer(random_feeds(plan.inputs))
+                return r, ag.refused
+    r, refused = arun(main())
+    assert refused is not None and refused.reason == "token"
+    assert r.candidate == "edge" or r.fallback
+
+
+def test_sync_facade(yolo_plan):
+    plan = Plan.load(yolo_plan)
+    with SyncEdgeAgent(plan, None) as ag:
+        r = ag.infer_sync(random_feeds(plan.inputs))
+    assert r.candidate == "edge" and r.index == 0
+
+
+def test_bad_inputs_are_named(yolo_plan):
+    from splitinfer import ShapeError, SplitinferError
+
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with EdgeAgent(plan, None) as ag:
+            with pytest.raises(ShapeError, match=r"expected shape \[1, 3, 64, 64\]"):
+                await ag.infer({"input": np.zeros((1, 3, 32, 32), np.float32)})
+            with pytest.raises(SplitinferError, match="input 'input' is missing"):
+                await ag.infer({})
+    arun(main())
+
+
+def test_controller_hysteresis_dwell_and_exploration(yolo_plan):
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    c = Controller(cm, hysteresis=0.2, min_dwell_s=1.0, explore_every_s=1e9)
+    edge = cm.ids.index("edge")
+    first = c.choose(1e6, 0.0, now=0.0)
+    # predictions that make another candidate only slightly better do not move it
+    c.current = edge
+    c._since = 0.0
+    slightly = c.choose(1e6, 0.0, now=0.5)
+    assert slightly.index == edge or slightly.predictions[slightly.index] < slightly.predictions[edge] / 2
+    assert first.id in cm.ids
+    with pytest.raises(ValueError, match="latency_budget_ms"):
+        Controller(cm, policy="bytes")
+
+
+def test_bytes_policy_picks_the_fewest_bytes_within_budget(yolo_plan):
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    c = Controller(cm, policy="bytes", latency_budget_ms=1e9)
+    ch = c.choose(10.0, 10.0, now=0.0)
+    assert cm.up_bytes[ch.index] == min(cm.up_bytes)  # all-edge sends nothing
+
+
+def test_circuit_breaker():
+    b = CircuitBreaker(threshold=2, cooldown_s=1.0, max_cooldown_s=4.0)
+    b.failure(0.0)
+    assert b.state(0.0) == "closed"
+    b.failure(0.1)
+    assert b.state(0.2) == "open" and not b.allows(0.5)
+    assert b.state(1.2) == "half-open" and b.allows(1.2)
+    b.failure(1.2)  # the probe failed: longer
+    assert b.state(2.5) == "open" and b.state(3.3) == "half-open"
+    b.success()
+    assert b.state(3.3) == "closed"
