@@ -291,6 +291,67 @@ def _cmd_cloud_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_edge_run(args: argparse.Namespace) -> int:
+    import asyncio
+    import collections
+
+    import numpy as np
+
+    from .edge import EdgeAgent
+    from .edge.sources import frames_from
+    from .splitter import Plan
+
+    plan = Plan.load(args.plan)
+    token = None
+    if args.token_file:
+        lines = [ln.strip() for ln in Path(args.token_file).read_text().splitlines() if ln.strip()]
+        token = lines[0] if lines else None
+    frames = frames_from(args.source, plan, args.frames)
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115 - closed below
+
+    async def run() -> list[Any]:
+        results = []
+        cloud = None if args.cloud == "none" else args.cloud
+        async with EdgeAgent(plan, cloud, token=token, codec=args.codec, candidate=args.candidate,
+                             policy=args.policy, latency_budget_ms=args.latency_budget_ms,
+                             postprocess=args.postprocess, emulate_slowdown=args.emulate_slowdown) as agent:
+            async for r in agent.stream(frames, fps=args.fps):
+                results.append(r)
+                if out is not None:
+                    out.write(json.dumps(r.to_json()) + "\n")
+        return results
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        if out is not None:
+            out.close()
+    lat = np.array([r.timings["total_ms"] for r in results]) if results else np.zeros(1)
+    cuts = collections.Counter(r.candidate for r in results)
+    summary = {
+        "frames": len(results),
+        "latency_ms": {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
+                       "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean())},
+        "cuts": dict(cuts), "bytes_sent": int(sum(r.bytes_sent for r in results)),
+        "bytes_per_frame": float(np.mean([r.bytes_sent for r in results])) if results else 0.0,
+        "fallbacks": sum(r.fallback for r in results), "out": args.out,
+    }
+    if args.json:
+        _emit_json(summary)
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"edge run: {plan.name} via {args.cloud}", header_style="bold")
+        for col in ("frames", "P50 ms", "P90 ms", "P99 ms", "cuts used", "KiB/frame", "fallbacks"):
+            t.add_column(col, justify="right")
+        L = summary["latency_ms"]
+        t.add_row(str(summary["frames"]), f"{L['p50']:.1f}", f"{L['p90']:.1f}", f"{L['p99']:.1f}",
+                  ", ".join(f"{k}×{v}" for k, v in cuts.most_common()), f"{summary['bytes_per_frame'] / 1024:.1f}",
+                  str(summary["fallbacks"]))
+        _console().print(t)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -365,6 +426,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest wait for a batch to fill (default 2)")
     cs.add_argument("--postprocess", choices=("yolo",), help="send back detections instead of raw outputs")
     cs.set_defaults(fn=_cmd_cloud_serve)
+
+    e = sub.add_parser("edge", help="the edge agent")
+    esub = e.add_subparsers(dest="edge_command", metavar="CMD", required=True)
+    er = esub.add_parser("run", help="run frames through the plan, adapting the cut")
+    er.add_argument("plan")
+    er.add_argument("--cloud", default="auto", help="auto (zeroconf), tcp://H:P, tls://H:P, webrtc://H:HTTP_PORT, none")
+    er.add_argument("--source", default="synthetic", help="synthetic, or a video file (PyAV)")
+    er.add_argument("--out", metavar="JSONL", help="one JSON record per frame")
+    er.add_argument("--frames", type=int, default=None, help="stop after N frames (synthetic: default 100)")
+    er.add_argument("--fps", type=float, default=None, help="pace the source at F frames per second")
+    er.add_argument("--token-file", metavar="PATH")
+    er.add_argument("--codec", default="fp16", help="tensor codec for cut tensors (default fp16)")
+    er.add_argument("--candidate", metavar="ID", help="pin one candidate (an id, edge or cloud) instead of adapting")
+    er.add_argument("--policy", choices=("latency", "bytes"), default="latency")
+    er.add_argument("--latency-budget-ms", type=float, default=None, help="with --policy bytes")
+    er.add_argument("--postprocess", choices=("yolo",), default=None)
+    er.add_argument("--emulate-slowdown", type=float, default=1.0,
+                    help="make this machine stand for a device N times slower (demos, tests)")
+    er.add_argument("--json", action="store_true")
+    er.set_defaults(fn=_cmd_edge_run)
     return p
 
 
@@ -379,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args, exc, 2)
     except KeyboardInterrupt:
         return 130
+    except (ValueError, OSError) as exc:  # bad option values, unreadable files: named, exit 2
+        return _fail(args, exc, 2)
 
 
 def _fail(args: argparse.Namespace, exc: Exception, code: int) -> int:

@@ -232,3 +232,37 @@ def test_circuit_breaker():
     assert b.state(2.5) == "open" and b.state(3.3) == "half-open"
     b.success()
     assert b.state(3.3) == "closed"
+
+
+def test_edge_run_command_against_cloud_serve(yolo_plan, tmp_path):
+    import json
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(yolo_plan), "--listen",
+                              "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        text = ""
+        while "serving" not in text:
+            line = cloud.stdout.readline()
+            assert line
+            text += line
+        port = re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1)
+        out = tmp_path / "r.jsonl"
+        p = subprocess.run([sys.executable, "-m", "splitinfer", "edge", "run", str(yolo_plan), "--cloud",
+                            f"tcp://127.0.0.1:{port}", "--frames", "6", "--candidate", "cloud", "--out", str(out),
+                            "--json"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        summary = json.loads(p.stdout.strip().splitlines()[-1])
+        assert summary["frames"] == 6 and summary["cuts"] == {"cloud": 6} and summary["fallbacks"] == 0
+        records = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [r["frame"] for r in records] == list(range(6)) and all(r["placement"] == "cloud" for r in records)
+        p = subprocess.run([sys.executable, "-m", "splitinfer", "edge", "run", str(yolo_plan), "--cloud", "none",
+                            "--candidate", "c99"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "no candidate 'c99'" in p.stderr
+    finally:
+        cloud.send_signal(signal.SIGTERM)
+        cloud.wait(30)

@@ -108,7 +108,11 @@ def test_public_names():
 
     assert set(cl.__all__) == {"CloudService", "load_tokens", "Batcher", "BatchResult", "Busy", "DeadlineExceeded",
                                "SessionPool", "best_providers"}
-    for mod in (splitinfer, sp, tr, cl):
+    import splitinfer.edge as ed
+
+    assert set(ed.__all__) == {"EdgeAgent", "SyncEdgeAgent", "FrameResult", "Controller", "Choice", "CircuitBreaker",
+                               "Backend", "OrtBackend"}
+    for mod in (splitinfer, sp, tr, cl, ed):
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.{name} is exported but missing"
 
