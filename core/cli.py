@@ -312,7 +312,8 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
     async def run() -> list[Any]:
         results = []
         cloud = None if args.cloud == "none" else args.cloud
-        async with EdgeAgent(plan, cloud, token=token, codec=args.codec, candidate=args.candidate,
+        async with EdgeAgent(plan, cloud, token=token, codec=args.codec, input_codec=args.input_codec,
+                             threads=args.threads, candidate=args.candidate,
                              policy=args.policy, latency_budget_ms=args.latency_budget_ms,
                              postprocess=args.postprocess, emulate_slowdown=args.emulate_slowdown) as agent:
             async for r in agent.stream(frames, fps=args.fps):
@@ -432,12 +433,14 @@ def build_parser() -> argparse.ArgumentParser:
     er = esub.add_parser("run", help="run frames through the plan, adapting the cut")
     er.add_argument("plan")
     er.add_argument("--cloud", default="auto", help="auto (zeroconf), tcp://H:P, tls://H:P, webrtc://H:HTTP_PORT, none")
-    er.add_argument("--source", default="synthetic", help="synthetic, or a video file (PyAV)")
+    er.add_argument("--source", default="synthetic", help="synthetic, scene (a moving road), or a video file (PyAV)")
     er.add_argument("--out", metavar="JSONL", help="one JSON record per frame")
     er.add_argument("--frames", type=int, default=None, help="stop after N frames (synthetic: default 100)")
     er.add_argument("--fps", type=float, default=None, help="pace the source at F frames per second")
     er.add_argument("--token-file", metavar="PATH")
     er.add_argument("--codec", default="fp16", help="tensor codec for cut tensors (default fp16)")
+    er.add_argument("--input-codec", default=None, help="codec for the all-cloud input, e.g. jpeg (default: --codec)")
+    er.add_argument("--threads", type=int, default=None, help="onnxruntime threads on the edge")
     er.add_argument("--candidate", metavar="ID", help="pin one candidate (an id, edge or cloud) instead of adapting")
     er.add_argument("--policy", choices=("latency", "bytes"), default="latency")
     er.add_argument("--latency-budget-ms", type=float, default=None, help="with --policy bytes")

@@ -249,8 +249,10 @@ class EdgeAgent:
             spec.check(np.asarray(inputs[spec.name]))
         return await self._process(next(self._frames), inputs)
 
-    async def _process(self, index: int, inputs: Mapping[str, np.ndarray]) -> FrameResult:
-        t0 = time.perf_counter()
+    async def _process(self, index: int, inputs: Mapping[str, np.ndarray],
+                       captured: float | None = None) -> FrameResult:
+        # latency counts from the frame's capture (time waiting for a free pipeline slot included)
+        t0 = captured if captured is not None else time.perf_counter()
         now = time.monotonic()
         cloud_ok = self.connected and self.breaker.allows(now)
         bw = self.monitor.estimate_mbps()
@@ -368,8 +370,9 @@ class EdgeAgent:
                     delay = start + k / fps - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
+                captured = time.perf_counter()
                 await sem.acquire()
-                task = asyncio.ensure_future(self._process(next(self._frames), frame))
+                task = asyncio.ensure_future(self._process(next(self._frames), frame, captured))
                 task.add_done_callback(lambda _: sem.release())
                 pending.append(task)
                 k += 1

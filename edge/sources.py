@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import SplitinferError
 from ..splitter.plan import Plan
 
-__all__ = ["synthetic_frames", "video_frames", "frames_from"]
+__all__ = ["synthetic_frames", "scene_frames", "video_frames", "frames_from"]
 
 
 def synthetic_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -20,6 +20,34 @@ def synthetic_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np
     for _ in range(n):
         yield {t.name: (rng.random(t.shape, dtype=np.float32).astype(t.dtype) if np.dtype(t.dtype).kind == "f"
                         else rng.integers(0, 10, t.shape).astype(t.dtype)) for t in plan.inputs}
+
+
+def scene_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """A simple moving road scene (sky, road, lanes, boxes driving across) as the plan's image
+    input: deterministic, cheap, and compressible the way camera frames are (unlike noise)."""
+    spec = plan.inputs[0]
+    if len(plan.inputs) != 1 or len(spec.shape) != 4 or spec.shape[1] != 3:
+        raise SplitinferError("the scene source needs a plan with one (1, 3, H, W) input")
+    h, w = spec.shape[2], spec.shape[3]
+    rng = np.random.default_rng(seed)
+    yy = np.linspace(0, 1, h, dtype=np.float32)[:, None]
+    base = np.empty((3, h, w), np.float32)
+    base[0], base[1], base[2] = 0.55 + 0.2 * yy, 0.6 + 0.1 * yy, 0.8 - 0.4 * yy  # sky fading to road
+    horizon = int(0.35 * h)
+    base[:, horizon:] = 0.32 + 0.05 * rng.random((3, 1, 1), dtype=np.float32)  # asphalt
+    for lane in (0.25, 0.5, 0.75):
+        x = int(lane * w)
+        base[:, horizon:, max(x - 1, 0):x + 1] = 0.9
+    cars = [(rng.uniform(0, w), rng.uniform(horizon, h - h // 8), rng.uniform(1.5, 4) * rng.choice([-1, 1]),
+             rng.random(3).astype(np.float32)) for _ in range(6)]
+    for k in range(n):
+        img = base.copy()
+        for x0, y0, v, color in cars:
+            x = int((x0 + v * k) % w)
+            bw, bh = max(w // 10, 2), max(h // 14, 2)
+            img[:, int(y0):int(y0) + bh, x:x + bw] = color[:, None, None]
+        img += rng.normal(0, 0.01, img.shape).astype(np.float32)  # sensor noise
+        yield {spec.name: np.clip(img, 0, 1)[None].astype(spec.dtype)}
 
 
 def video_frames(path: str | Path, plan: Plan, n: int | None = None) -> Iterator[dict[str, np.ndarray]]:
@@ -50,6 +78,8 @@ def video_frames(path: str | Path, plan: Plan, n: int | None = None) -> Iterator
 def frames_from(source: str, plan: Plan, n: int | None) -> Iterator[dict[str, np.ndarray]]:
     if source == "synthetic":
         return synthetic_frames(plan, n if n is not None else 100)
+    if source == "scene":
+        return scene_frames(plan, n if n is not None else 100)
     if not Path(source).is_file():
         raise SplitinferError(f"--source {source!r}: expected 'synthetic' or a video file")
     return video_frames(source, plan, n)

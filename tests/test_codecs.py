@@ -17,7 +17,7 @@ floats32 = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=4, max_s
 
 @pytest.mark.parametrize("codec", CODEC_NAMES)
 def test_round_trip_every_codec(codec):
-    x = np.random.default_rng(0).normal(size=(1, 8, 5, 7)).astype(np.float32)
+    x = np.random.default_rng(0).normal(size=(1, 8, 5, 7)).astype(np.float32)  # jpeg: not an image, goes fp16
     y = decode_tensor(encode_tensor(x, codec))
     assert y.shape == x.shape and y.dtype == x.dtype
     if codec.startswith("raw"):
@@ -91,3 +91,17 @@ def test_empty_tensors_travel(codec):
     x = np.zeros((0, 6), np.float32)  # e.g. no detections
     y = decode_tensor(encode_tensor(x, codec))
     assert y.shape == (0, 6) and y.dtype == np.float32
+
+
+def test_jpeg_for_images():
+    y, x = np.mgrid[0:64, 0:96] / 96.0
+    img = np.stack([x, y, 0.5 * (x + y)])[None].astype(np.float32)  # smooth (1, 3, 64, 96) in [0, 1]
+    enc = encode_tensor(img, "jpeg")
+    assert enc.codec == "jpeg" and enc.nbytes < img.nbytes / 20
+    out = decode_tensor(enc)
+    assert out.shape == img.shape and np.abs(out - img).mean() < 0.01
+    bad = type(enc)(enc.dtype, (1, 3, 32, 96), "jpeg", enc.payload)
+    with pytest.raises(TensorError, match="expected a JPEG of 96x32"):
+        decode_tensor(bad)
+    with pytest.raises(TensorError, match="does not decode"):
+        decode_tensor(type(enc)(enc.dtype, enc.shape, "jpeg", b"\xff\xd8junk"))

@@ -14,6 +14,9 @@ Error bounds (``x`` the original value, ``x'`` the decoded one; tested in tests/
   tensor otherwise). For channel ``c`` with range ``[lo_c, hi_c]``, ``scale_c = (hi_c - lo_c) / 255``
   and ``|x - x'| <= scale_c / 2`` (plus float32 rounding, ``<= 1e-6 * max(|lo_c|, |hi_c|)``).
   Scales and minimums travel in the frame as float32. Non-finite values cannot be encoded.
+* ``jpeg``: for image inputs ``(1, 3, H, W)`` in [0, 1] (the all-cloud candidate sends what a
+  camera would send anyway), quality 90; no fixed bound: values are clipped to [0, 1], quantised
+  to 8 bits and compressed perceptually. Other tensors asked to travel as ``jpeg`` go ``fp16``.
 * ``lz4``/``zstd``: lossless; the decoder knows the exact decoded size and refuses anything else
   (no decompression bombs).
 """
@@ -32,7 +35,10 @@ __all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "CODEC_NAMES", 
 
 BASES = ("raw", "fp16", "int8")
 COMPRESSORS = ("lz4", "zstd")
-CODEC_NAMES: tuple[str, ...] = tuple(b + (f"+{c}" if c else "") for b in BASES for c in ("", *COMPRESSORS))
+IMAGE_CODECS = ("jpeg",)  # for image inputs (1, 3, H, W) in [0, 1]: what a camera would send anyway
+CODEC_NAMES: tuple[str, ...] = (*(b + (f"+{c}" if c else "") for b in BASES for c in ("", *COMPRESSORS)),
+                                *IMAGE_CODECS)
+JPEG_QUALITY = 90
 FP16_MAX = 65504.0
 _ZSTD_LEVEL = 3  # fast; level 3 is zstd's default speed/ratio balance
 
@@ -44,6 +50,8 @@ class Codec:
 
     @classmethod
     def parse(cls, name: str) -> "Codec":
+        if name in IMAGE_CODECS:
+            return cls(str(name), None)
         base, _, comp = str(name).partition("+")
         if base not in BASES or (comp and comp not in COMPRESSORS) or name.count("+") > 1:
             raise TensorError(f"codec {name!r} is unknown; expected one of {list(CODEC_NAMES)}")
@@ -56,6 +64,12 @@ class Codec:
     def for_dtype(self, dtype: np.dtype[Any]) -> "Codec":
         """The codec actually used for a tensor of ``dtype`` (lossy bases only touch floats)."""
         return self if dtype.kind == "f" or self.base == "raw" else Codec("raw", self.compressor)
+
+    def for_tensor(self, arr: np.ndarray) -> "Codec":
+        """As :meth:`for_dtype`; ``jpeg`` applies to (1, 3, H, W) float images only, others travel fp16."""
+        if self.base == "jpeg" and not (arr.dtype.kind == "f" and arr.ndim == 4 and arr.shape[:2] == (1, 3)):
+            return Codec("fp16").for_dtype(arr.dtype)
+        return self.for_dtype(arr.dtype)
 
 
 @dataclass
@@ -155,11 +169,13 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
     arr = np.asarray(array)
     if arr.dtype.name not in DTYPES:
         raise CodecError(f"dtype {arr.dtype.name} cannot travel; expected one of {sorted(DTYPES)}")
-    c = (codec if isinstance(codec, Codec) else Codec.parse(codec)).for_dtype(arr.dtype)
+    c = (codec if isinstance(codec, Codec) else Codec.parse(codec)).for_tensor(arr)
     shape = tuple(int(d) for d in arr.shape)
     quant = None
     if c.base == "raw":
         payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B") if arr.size else b""
+    elif c.base == "jpeg":
+        payload = _jpeg_encode(arr)
     elif c.base == "fp16":
         peak = float(np.max(np.abs(arr))) if arr.size else 0.0  # one pass; NaN/inf travel as themselves
         if peak > FP16_MAX and np.isfinite(peak):
@@ -174,8 +190,39 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
     return Encoded(arr.dtype.name, shape, c.name, payload, quant)
 
 
+def _jpeg_encode(arr: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    img = (np.clip(arr[0].transpose(1, 2, 0), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)  # (H, W, 3)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=JPEG_QUALITY)
+    return buf.getvalue()
+
+
+def _jpeg_decode(buf: Any, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(bytes(buf)))
+        if img.format != "JPEG" or img.size != (shape[3], shape[2]):  # checked before decoding pixels
+            raise TensorError(f"jpeg payload is a {img.format} of {img.size[0]}x{img.size[1]}, expected a JPEG of "
+                              f"{shape[3]}x{shape[2]}")
+        rgb = np.asarray(img.convert("RGB"), dtype=np.float32)
+    except TensorError:
+        raise
+    except Exception as exc:
+        raise TensorError(f"jpeg payload does not decode: {exc}") from exc
+    return (rgb.transpose(2, 0, 1)[None] / 255.0).astype(dtype)
+
+
 def decoded_size(codec: Codec, dtype: str, numel: int) -> int:
-    """Bytes of the payload after decompression, before the base codec is undone."""
+    """Bytes of the payload after decompression, before the base codec is undone (0: variable)."""
+    if codec.base == "jpeg":
+        return 0
     item = {"raw": np.dtype(dtype).itemsize, "fp16": 2, "int8": 1}[codec.base]
     return numel * item
 
@@ -186,6 +233,10 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
     numel = 1
     for d in enc.shape:
         numel *= d
+    if c.base == "jpeg":
+        if len(enc.shape) != 4 or enc.shape[:2] != (1, 3) or np.dtype(enc.dtype).kind != "f":
+            raise TensorError(f"jpeg codec is for (1, 3, H, W) float images, the tensor is {enc.dtype} {list(enc.shape)}")
+        return _jpeg_decode(enc.payload, enc.shape, enc.dtype)
     expected = decoded_size(c, enc.dtype, numel)
     buf = enc.payload
     if c.compressor:

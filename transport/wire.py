@@ -268,6 +268,8 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
         if codec_name not in CODEC_NAMES:
             raise TensorError(f"{where}: codec {codec_name!r} is unknown; expected one of {list(CODEC_NAMES)}")
         codec = Codec.parse(codec_name)
+        if codec.base == "jpeg" and (len(shape) != 4 or shape[:2] != [1, 3]):
+            raise TensorError(f"{where}: codec jpeg is for (1, 3, H, W) images, the shape is {shape}")
         if codec.base != "raw" and np.dtype(dtype).kind != "f":
             raise TensorError(f"{where}: codec {codec_name} is for floating-point tensors, the tensor is {dtype}")
         off = _field(d, "off", int, where, limits=limits)
@@ -278,7 +280,7 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
         expected = decoded_size(codec, dtype, numel)
         if expected > limits.max_frame * 4:
             raise LimitError(f"{where}: decodes to {expected} bytes, over 4x the frame limit")
-        if not codec.compressor and length != expected:
+        if not codec.compressor and codec.base != "jpeg" and length != expected:
             raise TensorError(f"{where}: {length} bytes for shape {shape} {dtype} with codec {codec_name}; "
                               f"expected {expected}")
         quant = None
