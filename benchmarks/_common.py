@@ -25,6 +25,18 @@ def save(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None without matplotlib (plots are optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, save, table  # noqa: E402
+from _common import RESULTS, pyplot, save, table  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 FRAME = 256 * 1024
@@ -188,12 +188,8 @@ def main() -> None:
 
 
 def _plot(result: dict) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     traces = result.get("traces") or {}
     if not traces:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, save, table  # noqa: E402
+from _common import RESULTS, pyplot, save, table  # noqa: E402
 
 
 LOCAL_FALLBACK_S = 0.1  # how long a client is away after "busy" (an edge finishing the frame locally)
@@ -191,12 +191,8 @@ def main() -> None:
 
 
 def _plot(results: dict) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
     for label in ("on", "off"):

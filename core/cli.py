@@ -307,7 +307,8 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
         lines = [ln.strip() for ln in Path(args.token_file).read_text().splitlines() if ln.strip()]
         token = lines[0] if lines else None
     frames = frames_from(args.source, plan, args.frames)
-    out = open(args.out, "w") if args.out else None  # noqa: SIM115 - closed below
+    # line-buffered: a run that is stopped early keeps every finished frame's record
+    out = open(args.out, "w", buffering=1) if args.out else None  # noqa: SIM115 - closed below
 
     async def run() -> list[Any]:
         results = []
