@@ -5,7 +5,6 @@ result, in order."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np

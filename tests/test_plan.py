@@ -4,8 +4,6 @@ profiles that keep the hash, and corrupted plans refused with named errors."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import numpy as np
 import onnx

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import arun
-from splitinfer import ChannelClosed, ChannelError, FieldError, LimitError
+from splitinfer import ChannelClosed, ChannelError, LimitError
 from splitinfer.transport import wire
 from splitinfer.transport.memory import memory_pair
 from splitinfer.transport.tcp import TcpChannel, TcpServer, client_ssl_context, server_ssl_context
