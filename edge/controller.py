@@ -17,7 +17,7 @@ ratio). On top of it:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..splitter.cost_model import CostModel
@@ -94,13 +94,15 @@ class Controller:
         g = 1.0 if math.isnan(self._cloud_scale.value) else self._cloud_scale.value
         return [c.value if not math.isnan(c.value) else p * g for c, p in zip(self._cloud, self.cm.cloud_ms)]
 
-    def byte_ratios(self, default: float = 1.0) -> list[float]:
-        return [r.value if not math.isnan(r.value) else default for r in self._ratio]
+    def byte_ratios(self, default: float | Sequence[float] = 1.0) -> list[float]:
+        """Measured wire/raw size per candidate; ``default`` (one value or one per candidate) until measured."""
+        d = [default] * len(self._ratio) if isinstance(default, (int, float)) else list(default)
+        return [r.value if not math.isnan(r.value) else d[i] for i, r in enumerate(self._ratio)]
 
     def queue_ms(self) -> float:
         return 0.0 if math.isnan(self._queue.value) else self._queue.value
 
-    def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float = 1.0,
+    def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                 backlog_ms: float = 0.0) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send)."""
         return self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
@@ -108,7 +110,7 @@ class Controller:
 
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
-               default_ratio: float = 1.0, backlog_ms: float = 0.0) -> Choice:
+               default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable)."""
         pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms)

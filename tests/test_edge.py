@@ -95,7 +95,7 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
     assert fast[-1] != "edge", fast  # 50 Mbit/s: something goes to the cloud
     assert slow[-3:] == ["edge"] * 3, slow  # 1 Mbit/s: within a few frames, all on the edge
     first_edge = slow.index("edge")
-    assert first_edge <= 4, slow
+    assert first_edge <= 8, slow  # a few frames: the timeouts halve the estimate, the breaker opens
     assert back[-1] != "edge", back  # and back when the link recovers
 
 
