@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--quota", type=float, default=0.2, help="share of one CPU the edge gets")
     ap.add_argument("--size", type=int, default=320)
     ap.add_argument("--delay-ms", type=float, default=20.0)
+    ap.add_argument("--only", default=None, help="run just the traces whose name contains this")
     args = ap.parse_args()
     if not TRACES.is_dir():
         sys.exit(f"{TRACES} not found")
@@ -127,7 +128,8 @@ def main() -> None:
                 text += cloud.stdout.readline()  # type: ignore[union-attr]
             port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
             statics = [c.id for c in plan.candidates]
-            for trace in uplink_traces(args.traces):
+            traces = uplink_traces(args.traces if not args.only else 100)
+            for trace in [t for t in traces if not args.only or args.only in t.name][: args.traces]:
                 per: dict = {}
                 records: dict = {}
                 for strategy in ["adaptive", *statics]:

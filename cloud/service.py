@@ -127,6 +127,7 @@ class CloudService:
         if self.state != "new":
             raise RuntimeError(f"cannot start a service in state {self.state!r}")
         self._executor = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="splitinfer-cloud")
+        await self._warm_up()
         ssl = server_ssl_context(*self.tls) if self.tls else None  # type: ignore[arg-type]
         self._tcp = await TcpServer.start(self._handle_tcp, self.listen[0], self.listen[1], ssl=ssl, limits=self.limits)
         self.port = self._tcp.port
@@ -136,6 +137,24 @@ class CloudService:
             await self._start_advertising()
         self.state = "running"
         return self
+
+    async def _warm_up(self) -> None:
+        """Load and run each cloud segment once (up to the session limit) before accepting edges,
+        so no edge's first frame pays for session creation and misses its deadline."""
+        loop = asyncio.get_running_loop()
+        jobs = [(h, c) for h, s in self.plans.items() for c in s.plan.candidates if c.cloud is not None]
+        for h, cand in jobs[: self.pool.max_loaded]:
+            plan = self.plans[h].plan
+            assert cand.cloud is not None
+            path = str(plan.file(cand.cloud))
+            feeds = {t.name: np.zeros(t.shape, t.dtype) for t in cand.cut}
+
+            def run(key: tuple[str, str] = (h, cand.id), path: str = path,
+                    feeds: dict[str, np.ndarray] = feeds) -> None:
+                self.pool.get(key, path).run(None, feeds)
+
+            await loop.run_in_executor(self._executor, run)
+        self.metrics.sessions.set(self.pool.loaded)
 
     async def _start_http(self) -> None:
         from aiohttp import web

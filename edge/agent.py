@@ -322,6 +322,7 @@ class EdgeAgent:
         codec = self.input_codec if cand.edge is None else self.codec
         encoded = {k: encode_tensor(v, codec) for k, v in cut.items()}
         timings["encode_ms"] = (time.perf_counter() - t) * 1e3
+        self.controller.observe_encode(i, timings["encode_ms"])
         wire_bytes = sum(e.nbytes for e in encoded.values())
         self.controller.observe_bytes(i, wire_bytes)
         # the frame's deadline follows from its prediction (network + cloud part), not a fixed timeout

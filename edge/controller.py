@@ -60,6 +60,7 @@ class Controller:
         self._edge = [_Ewma(alpha) for _ in range(n)]  # measured edge ms per candidate
         self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
+        self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
         self._queue = _Ewma(alpha)
         self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
         self._cloud_scale = _Ewma(alpha)
@@ -81,14 +82,19 @@ class Controller:
         if self.cm.cloud_ms[i] > 0.5:
             self._cloud_scale.add(per / self.cm.cloud_ms[i])
 
+    def observe_encode(self, i: int, ms: float) -> None:
+        self._encode[i].add(ms)
+
     def observe_bytes(self, i: int, wire_bytes: int) -> None:
         if self.cm.up_bytes[i] > 0:
             self._ratio[i].add(wire_bytes / self.cm.up_bytes[i])
 
     # ------------------------------------------------------------------ estimates
     def edge_ms(self) -> list[float]:
+        """Device time per candidate: its edge segment, plus encoding its cut (once measured)."""
         g = 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
-        return [e.value if not math.isnan(e.value) else p * g for e, p in zip(self._edge, self.cm.edge_ms)]
+        out = [e.value if not math.isnan(e.value) else p * g for e, p in zip(self._edge, self.cm.edge_ms)]
+        return [t + (0.0 if math.isnan(enc.value) else enc.value) for t, enc in zip(out, self._encode)]
 
     def cloud_ms(self) -> list[float]:
         g = 1.0 if math.isnan(self._cloud_scale.value) else self._cloud_scale.value
