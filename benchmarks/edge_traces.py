@@ -1,6 +1,7 @@
 """The headline benchmark: real uplink traces replayed through the link emulator, the edge agent
 in a process slowed by a cgroup CPU quota (a Jetson-class stand-in), the cloud service at full
-speed. On the same frames (a moving road scene) and the same trace, compare: adaptive; all-edge;
+speed, both post-processing detections (boxes come back, not raw maps). On the same frames (a
+moving road scene) and the same trace, compare: adaptive; all-edge;
 all-cloud with JPEG input; every static cut (int8+lz4); and the hindsight oracle (per frame, the
 best of the static strategies' recorded latencies for that frame).
 
@@ -64,7 +65,7 @@ async def run_strategy(plan_dir: Path, cloud_port: int, trace: Path, args, strat
 
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
            str(int(args.seconds * args.fps)), "--fps", str(args.fps), "--threads", "1", "--codec", "int8+lz4",
-           "--input-codec", "jpeg", "--out", str(out), "--json"]
+           "--input-codec", "jpeg", "--postprocess", "yolo", "--out", str(out), "--json"]
     if strategy != "adaptive":
         cmd += ["--candidate", strategy]
     if not cgroup:
@@ -120,7 +121,7 @@ def main() -> None:
 
         plan = Plan.load(plan_dir)
         cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
-                                  "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
+                                  "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise", "--postprocess", "yolo"],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             text = ""

@@ -64,7 +64,8 @@ class EdgeAgent:
                  latency_budget_ms: float | None = None, candidate: str | None = None, max_inflight: int = 2,
                  postprocess: str | None = None, threads: int | None = None, edge_slowdown: float = 1.0,
                  monitor: BandwidthMonitor | None = None, connect_timeout_s: float = 5.0,
-                 cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0) -> None:
+                 cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0,
+                 downlink_mbps: float | None = None) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         self.cloud_url, self.token, self.client_id = cloud, token, client_id
         self.codec, self.input_codec = codec, input_codec or codec
@@ -73,6 +74,7 @@ class EdgeAgent:
         self.postprocess = postprocess
         self.threads = threads
         self.emulate_slowdown = emulate_slowdown  # see OrtBackend: a fast machine standing in for a slow device
+        self.downlink_mbps = downlink_mbps  # None: assume the uplink's rate for results coming back
         self.cafile = cafile
         self.connect_timeout_s = connect_timeout_s
         cm = CostModel.from_plan(self.plan, edge_slowdown=edge_slowdown)
@@ -233,6 +235,10 @@ class EdgeAgent:
             elif isinstance(msg, wire.Bye):
                 return
 
+    def _downlink(self, uplink_mbps: float) -> float:
+        """The rate results come back at: the uplink's unless told (links are rarely slower down)."""
+        return self.downlink_mbps if self.downlink_mbps is not None else uplink_mbps
+
     # ------------------------------------------------------------------ compute
     def _backend(self, path: str) -> Backend:
         b = self._backends.get(path)
@@ -271,12 +277,12 @@ class EdgeAgent:
         if self.pinned is not None:
             i, explore = self.pinned, False
             pred = self.controller.predict(bw, self.monitor.min_rtt_ms(), backlog_ms=backlog_ms,
-                                           default_ratio=self._prior_ratio)[i]
+                                           default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))[i]
         else:
             # base RTT (the 10 s minimum): queueing in a slow link is already in the bandwidth
             choice = self.controller.choose(bw, self.monitor.min_rtt_ms(), now, backlog_ms=backlog_ms,
                                             allowed=None if cloud_ok else self.local,
-                                            default_ratio=self._prior_ratio)
+                                            default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))
             i, explore, pred = choice.index, choice.explore, choice.predicted_ms
         cand = self.plan.candidates[i]
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
@@ -372,6 +378,8 @@ class EdgeAgent:
             self.monitor.add_transfer(info.nbytes, tm.recv_ms / 1e3)
             self.monitor.add_rtt(max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0))
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
+        if reply.info is not None:
+            self.controller.observe_result(i, reply.info.nbytes)
         return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
 
     async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],

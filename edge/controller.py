@@ -61,6 +61,7 @@ class Controller:
         self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
+        self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
         self._queue = _Ewma(alpha)
         self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
         self._cloud_scale = _Ewma(alpha)
@@ -81,6 +82,13 @@ class Controller:
         self._queue.add(queue_ms)
         if self.cm.cloud_ms[i] > 0.5:
             self._cloud_scale.add(per / self.cm.cloud_ms[i])
+
+    def observe_result(self, i: int, nbytes: int) -> None:
+        self._result[i].add(nbytes)
+
+    def result_bytes(self) -> list[float]:
+        """Measured result size per candidate; the plan's raw output size until measured."""
+        return [r.value if not math.isnan(r.value) else float(p) for r, p in zip(self._result, self.cm.result_bytes)]
 
     def observe_encode(self, i: int, ms: float) -> None:
         self._encode[i].add(ms)
@@ -109,17 +117,21 @@ class Controller:
         return 0.0 if math.isnan(self._queue.value) else self._queue.value
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
-                backlog_ms: float = 0.0) -> list[float]:
-        """``backlog_ms``: time the uplink needs for what is already in flight (delays any send)."""
+                backlog_ms: float = 0.0, downlink_mbps: float | None = None) -> list[float]:
+        """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
+        ``downlink_mbps``: charge the results coming back at this rate (None: results are free)."""
         return self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
-                               cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio))
+                               cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
+                               downlink_mbps=downlink_mbps, result_bytes=self.result_bytes())
 
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
-               default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0) -> Choice:
+               default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0,
+               downlink_mbps: float | None = None) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable)."""
-        pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms)
+        pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
+                            downlink_mbps=downlink_mbps)
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")

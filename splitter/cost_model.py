@@ -83,21 +83,24 @@ class CostModel:
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float = 0.0, queue_ms: float = 0.0, *,
                 edge_ms: Sequence[float] | None = None, cloud_ms: Sequence[float] | None = None,
-                byte_ratio: float | Sequence[float] = 1.0, downlink_mbps: float | None = None) -> list[float]:
-        """Predicted end-to-end latency (ms) of every candidate, in ``ids`` order."""
+                byte_ratio: float | Sequence[float] = 1.0, downlink_mbps: float | None = None,
+                result_bytes: Sequence[float] | None = None) -> list[float]:
+        """Predicted end-to-end latency (ms) of every candidate, in ``ids`` order. ``result_bytes``
+        overrides the plan's raw output sizes (e.g. measured, post-processed results)."""
         edge = self.edge_ms if edge_ms is None else edge_ms
         cloud = self.cloud_ms if cloud_ms is None else cloud_ms
         ratios = [byte_ratio] * len(self.ids) if isinstance(byte_ratio, (int, float)) else byte_ratio
         per_byte = 8.0 / (max(bandwidth_mbps, 1e-9) * 1e3)  # ms per byte
         down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
         fixed = rtt_ms + queue_ms
+        results = self.result_bytes if result_bytes is None else result_bytes
         out = []
         for i, local in enumerate(self.local):
             if local:
                 out.append(edge[i])
             else:
                 out.append(edge[i] + fixed + self.up_bytes[i] * ratios[i] * per_byte + cloud[i]
-                           + self.result_bytes[i] * down)
+                           + results[i] * down)
         return out
 
     def best(self, bandwidth_mbps: float, rtt_ms: float = 0.0, queue_ms: float = 0.0, **kw: Any) -> tuple[int, float]:
