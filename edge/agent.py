@@ -380,6 +380,8 @@ class EdgeAgent:
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
         if reply.info is not None:
             self.controller.observe_result(i, reply.info.nbytes)
+        if cand.cloud is not None and not set(cand.cloud.outputs) <= set(reply.outputs):
+            return dict(reply.outputs), wire_bytes, None  # post-processed by the cloud (e.g. detections)
         return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
 
     async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],

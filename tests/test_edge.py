@@ -271,3 +271,19 @@ def test_edge_run_command_against_cloud_serve(yolo_plan, tmp_path):
     finally:
         cloud.send_signal(signal.SIGTERM)
         cloud.wait(30)
+
+
+def test_postprocessed_results_from_the_cloud_and_locally_agree_in_form(yolo_plan):
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        svc = CloudService([yolo_plan], listen=("127.0.0.1", 0), http=None, advertise=False, postprocess="yolo")
+        async with svc:
+            out = {}
+            for cid in ("cloud", "edge"):
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{svc.port}", candidate=cid, postprocess="yolo") as ag:
+                    out[cid] = await ag.infer(random_feeds(plan.inputs))
+            return out
+    out = arun(main())
+    for cid, r in out.items():
+        assert not r.fallback and set(r.outputs) == {"detections"} and r.outputs["detections"].shape[1] == 6, cid
