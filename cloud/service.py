@@ -199,8 +199,8 @@ class CloudService:
         if self._advertiser is not None:
             with contextlib.suppress(Exception):
                 await self._advertiser.aclose()
-        if self._tcp is not None and self._tcp._server is not None:
-            self._tcp._server.close()  # no new connections; open ones keep being served while draining
+        if self._tcp is not None:
+            self._tcp.stop_accepting()  # open connections keep being served while draining
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(b.aclose(drain=True) for b in self._batchers.values())), drain_s)
         for b in self._batchers.values():

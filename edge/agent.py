@@ -225,8 +225,7 @@ class EdgeAgent:
                 fut = self._pending.pop(msg.request_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-                elif isinstance(msg, wire.Result):  # late: the frame was finished locally, but it still measured the link
-                    self.monitor.add_transfer(msg.info.nbytes if msg.info else 0, 0)
+                # else: a late reply for a frame already finished locally; dropped
             elif isinstance(msg, wire.Pong):
                 if self._prober is not None:
                     self._prober.on_pong(msg)

@@ -24,7 +24,7 @@ from .loader import LoadedModel, load_model
 from .plan import FORMAT, FORMAT_VERSION, Candidate, Plan, SegmentRef, atomic_directory, plan_hash, \
     sha256_file, write_json_atomic
 from .profiler import device_info, make_session, node_times, random_feeds, time_session
-from .segment import Segments, build_segments
+from .segment import build_segments
 from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
 
 __all__ = ["split_model", "SplitResult", "profile_plan", "SPLIT_HOST"]
@@ -60,7 +60,7 @@ def _cloud_runs_batched(model: onnx.ModelProto, graph: ModelGraph, inputs: Seque
 
 
 def _write_segments(root: str, graph: ModelGraph, extractor: Extractor, cid: str, cut: Cut,
-                    kind: str) -> tuple[Candidate, Segments]:
+                    kind: str) -> Candidate:
     seg = build_segments(graph, cut, extractor, cid)
     if seg.cloud is not None and seg.cloud_batchable and not _cloud_runs_batched(seg.cloud, graph, seg.cloud_inputs):
         seg = build_segments(graph, cut, extractor, cid, batch_dynamic=False)
@@ -77,7 +77,7 @@ def _write_segments(root: str, graph: ModelGraph, extractor: Extractor, cid: str
     flops_edge = cut.edge_flops(graph)
     cand = Candidate(cid, kind, tuple(graph.tensors[t] for t in cut.tensors), refs["edge"], refs["cloud"],
                      tuple(seg.passthrough), flops_edge, graph.total_flops - flops_edge, len(cut.edge_nodes))
-    return cand, seg
+    return cand
 
 
 def _profile_candidates(plan: Plan, role: str, threads: int | None, budget_s: float,
@@ -177,7 +177,7 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
                 middle += 1
             cid = kind if kind != "split" else f"c{middle}"
             step(f"writing segments {cid}", 0.2 + 0.2 * k / len(cuts))
-            cand, _ = _write_segments(str(tmp), graph, extractor, cid, c, kind)
+            cand = _write_segments(str(tmp), graph, extractor, cid, c, kind)
             candidates.append(cand)
         manifest: dict[str, Any] = {
             "format": FORMAT,

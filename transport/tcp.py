@@ -266,10 +266,13 @@ class TcpServer:
     def connections(self) -> int:
         return len(self._channels)
 
-    async def aclose(self) -> None:
+    def stop_accepting(self) -> None:
+        """Close the listening socket; open connections keep being served."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed() if not self._channels else None
+
+    async def aclose(self) -> None:
+        self.stop_accepting()
         for ch in list(self._channels):
             await ch.aclose()
         for task in list(self._tasks):
