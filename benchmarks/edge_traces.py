@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=320)
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--only", default=None, help="run just the traces whose name contains this")
+    ap.add_argument("--strategies", default=None, help="comma-separated subset of adaptive,edge,cloud,c1,... (default all)")
+    ap.add_argument("--records", type=Path, default=None, help="keep every run's per-frame records (JSONL) here")
     args = ap.parse_args()
     if not TRACES.is_dir():
         sys.exit(f"{TRACES} not found")
@@ -129,13 +131,19 @@ def main() -> None:
                 text += cloud.stdout.readline()  # type: ignore[union-attr]
             port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
             statics = [c.id for c in plan.candidates]
+            wanted = ["adaptive", *statics]
+            if args.strategies:
+                wanted = [s for s in wanted if s in args.strategies.split(",")]
+                statics = [s for s in statics if s in wanted]
             traces = uplink_traces(args.traces if not args.only else 100)
             for trace in [t for t in traces if not args.only or args.only in t.name][: args.traces]:
                 per: dict = {}
                 records: dict = {}
-                for strategy in ["adaptive", *statics]:
+                for strategy in wanted:
+                    keep = args.records or Path(tmp)
+                    keep.mkdir(parents=True, exist_ok=True)
                     recs = asyncio.run(run_strategy(plan_dir, port, trace, args, strategy, cgroup,
-                                                    Path(tmp) / f"{strategy}.jsonl"))
+                                                    keep / f"{trace.stem}.{strategy}.jsonl"))
                     records[strategy] = recs
                     per[strategy] = stats(recs)
                 # frames every strategy finished (a static cut stopped early has fewer: its figures

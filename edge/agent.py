@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -41,7 +42,8 @@ __all__ = ["EdgeAgent", "SyncEdgeAgent"]
 
 log = logging.getLogger(__name__)
 
-_MIN_WAIT_S = 0.03  # the shortest a frame waits for the cloud
+_MIN_WAIT_S = 0.03  # the shortest a frame waits for the cloud before the device starts on it too
+_MAX_WAIT_S = 3.0  # the longest, whatever the prediction
 
 
 def nominal_ratio(codec: str) -> float:
@@ -51,7 +53,6 @@ def nominal_ratio(codec: str) -> float:
     base, _, comp = codec.partition("+")
     ratio = {"raw": 1.0, "fp16": 0.5, "int8": 0.25, "jpeg": 0.03}.get(base, 1.0)
     return ratio * (0.7 if comp else 1.0)
-_MAX_WAIT_S = 3.0  # the longest, whatever the prediction
 
 
 class EdgeAgent:
@@ -65,7 +66,7 @@ class EdgeAgent:
                  postprocess: str | None = None, threads: int | None = None, edge_slowdown: float = 1.0,
                  monitor: BandwidthMonitor | None = None, connect_timeout_s: float = 5.0,
                  cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0,
-                 downlink_mbps: float | None = None) -> None:
+                 downlink_mbps: float | None = None, warmup: bool = True) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         self.cloud_url, self.token, self.client_id = cloud, token, client_id
         self.codec, self.input_codec = codec, input_codec or codec
@@ -75,6 +76,10 @@ class EdgeAgent:
         self.threads = threads
         self.emulate_slowdown = emulate_slowdown  # see OrtBackend: a fast machine standing in for a slow device
         self.downlink_mbps = downlink_mbps  # None: assume the uplink's rate for results coming back
+        self.warmup = warmup
+        # a frame waits hedge_factor x its predicted network-and-cloud time + hedge_margin_ms for
+        # the cloud, then the device starts finishing it as well
+        self.hedge_factor, self.hedge_margin_ms = 1.5, 40.0
         self.cafile = cafile
         self.connect_timeout_s = connect_timeout_s
         cm = CostModel.from_plan(self.plan, edge_slowdown=edge_slowdown)
@@ -82,6 +87,11 @@ class EdgeAgent:
         self.monitor = monitor or BandwidthMonitor()
         self.breaker = CircuitBreaker(max_cooldown_s=4.0)
         self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
+        # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
+        # even while they are not used, since encoding an image costs a few ms on any device
+        self._input_only = [i for i, c in enumerate(self.plan.candidates) if c.edge is None and not c.local]
+        self._sized_at = [-float("inf")] * len(self.plan.candidates)
+        self.size_every_s = 2.0
         self._prior_ratio = [nominal_ratio(self.input_codec if c.edge is None else self.codec)
                              for c in self.plan.candidates]
         self._backends: dict[str, Backend] = {}
@@ -108,6 +118,9 @@ class EdgeAgent:
     async def start(self) -> "EdgeAgent":
         if self.cloud_url is not None:
             self._spawn(self._supervise())
+        if self.warmup:  # meanwhile the connection comes up
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._warm)
+        if self.cloud_url is not None:
             with contextlib.suppress(asyncio.TimeoutError):  # not fatal: frames run locally meanwhile
                 await asyncio.wait_for(self._connected.wait(), self.connect_timeout_s)
         return self
@@ -239,6 +252,51 @@ class EdgeAgent:
         return self.downlink_mbps if self.downlink_mbps is not None else uplink_mbps
 
     # ------------------------------------------------------------------ compute
+    def _warm(self) -> None:
+        """Load every edge segment and time it on this device before the first frame.
+
+        The plan's profile was measured where the plan was made, often a much faster machine;
+        without this the first frames would trust it (and pay for loading the sessions). Each
+        segment runs twice, the second run is the measurement; the codecs run once on the cut
+        so their first use costs nothing extra."""
+        zeros = {t.name: np.zeros(t.shape, t.dtype) for t in self.plan.inputs}
+        for i, cand in enumerate(self.plan.candidates):
+            if cand.edge is None or (self.pinned is not None and i != self.pinned):
+                continue
+            backend = self._backend(str(self.plan.file(cand.edge)))
+            feeds = {k: zeros[k] for k in cand.edge.inputs}
+            out = backend.run(feeds)
+            t = time.perf_counter()
+            out = backend.run(feeds)
+            self.controller.observe_edge(i, (time.perf_counter() - t) * 1e3)
+            if not cand.local:
+                for v in cand.cut_feed(zeros, out).values():
+                    encode_tensor(v, self.codec)
+        if self.pinned is None or self.plan.candidates[self.pinned].edge is None:
+            for v in zeros.values():
+                encode_tensor(v, self.input_codec)
+
+    def _sample_sizes(self, inputs: Mapping[str, np.ndarray], only_unmeasured: bool = False) -> None:
+        """Encode the frame as each all-cloud candidate would send it, to keep its wire size (the
+        cost model's byte ratio) true while it is not in use: without it a candidate never tried
+        is judged by a prior forever."""
+        now = time.monotonic()
+        for i in self._input_only:
+            if (only_unmeasured and self._sized_at[i] > -float("inf")) or now - self._sized_at[i] < self.size_every_s:
+                continue
+            self._sized_at[i] = now
+            cut = self.plan.candidates[i].cut
+            self.controller.observe_bytes(i, sum(encode_tensor(inputs[t.name], self.input_codec).nbytes for t in cut))
+
+    def _whole_model(self) -> str:
+        """The file that runs the whole model locally: the all-edge candidate's segment when the
+        plan has one (the same graph, and its session is already loaded), else the plan's model."""
+        names = {t.name for t in self.plan.inputs}
+        for cand in self.plan.candidates:
+            if cand.local and cand.edge is not None and set(cand.edge.inputs) == names:
+                return str(self.plan.file(cand.edge))
+        return str(self.plan.model_file)
+
     def _backend(self, path: str) -> Backend:
         b = self._backends.get(path)
         if b is None:
@@ -267,10 +325,20 @@ class EdgeAgent:
 
     async def _process(self, index: int, inputs: Mapping[str, np.ndarray],
                        captured: float | None = None) -> FrameResult:
+        r = await self._process_frame(index, inputs, captured)
+        if self.pinned is None and self._input_only and r.placement != "cloud":
+            # after the frame, on the device's thread: the all-cloud candidates' current size
+            self._spawn(asyncio.get_running_loop().run_in_executor(self._executor, self._sample_sizes, inputs))
+        return r
+
+    async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],
+                             captured: float | None = None) -> FrameResult:
         # latency counts from the frame's capture (time waiting for a free pipeline slot included)
         t0 = captured if captured is not None else time.perf_counter()
         now = time.monotonic()
         cloud_ok = self.connected and self.breaker.allows(now)
+        if self.pinned is None:
+            self._sample_sizes(inputs, only_unmeasured=True)  # the first frame: a few ms, once
         bw = self.monitor.estimate_mbps()
         backlog_ms = self._inflight_bytes * 8 / (max(bw, 1e-3) * 1e3)  # frames ahead of this one on the uplink
         if self.pinned is not None:
@@ -296,33 +364,44 @@ class EdgeAgent:
             timings["total_ms"] = (time.perf_counter() - t0) * 1e3
             return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore)
         cut = cand.cut_feed(inputs, eout)
-        result, sent, reason = None, 0, None
-        if cloud_ok or (self.pinned is not None and self.connected):
-            result, sent, reason = await self._remote(i, cand, cut, pred, timings)
-        else:
-            reason = "cloud unavailable" if not self.connected else "circuit open"
-        if result is not None:
-            outputs = self._finish(result)
-            timings["total_ms"] = (time.perf_counter() - t0) * 1e3
-            return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
-                               predicted_ms=pred, explore=explore, batch_size=int(timings.pop("batch", 1)))
-        # finish locally: the cloud segment on the cut we have, or the whole model for all-cloud
-        if cand.edge is None:
-            out, timings["local_ms"] = await self._run_local(str(self.plan.model_file), dict(inputs))
-        else:
+
+        async def local() -> dict[str, np.ndarray]:
+            # finish on the device: the cloud segment on the cut we have, or the whole model
+            if cand.edge is None:
+                out, timings["local_ms"] = await self._run_local(self._whole_model(), dict(inputs))
+                return out
             assert cand.cloud is not None
             cout, timings["local_ms"] = await self._run_local(str(self.plan.file(cand.cloud)), cut)
-            out = cand.finish(cut, cout, self.plan.output_names)
-        timings.pop("batch", None)
+            return cand.finish(cut, cout, self.plan.output_names)
+
+        if cloud_ok or (self.pinned is not None and self.connected):
+            result, sent, reason = await self._remote(i, cand, cut, pred, timings, local)
+        else:
+            result, sent, reason = await local(), 0, "cloud unavailable" if not self.connected else "circuit open"
+        batch = int(timings.pop("batch", 1))
+        outputs = self._finish(result)
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3
-        return FrameResult(index, self._finish(out), cand.id, "edge" if cand.edge else None, "edge", sent, timings,
+        if reason is None:
+            return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
+                               predicted_ms=pred, explore=explore, batch_size=batch)
+        return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,
                            fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore)
 
+    def _hedge_s(self, i: int, pred_ms: float) -> float:
+        """How long a frame waits for the cloud before the device starts finishing it too: the
+        predicted network-and-cloud time with a margin, not a fixed long timeout."""
+        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
+        return min(max((self.hedge_factor * network_ms + self.hedge_margin_ms) / 1e3, _MIN_WAIT_S), _MAX_WAIT_S)
+
     async def _remote(self, i: int, cand: Candidate, cut: dict[str, np.ndarray], pred_ms: float,
-                      timings: dict[str, float]) -> tuple[dict[str, np.ndarray] | None, int, str | None]:
+                      timings: dict[str, float], local: Callable[[], Awaitable[dict[str, np.ndarray]]],
+                      ) -> tuple[dict[str, np.ndarray], int, str | None]:
+        """Send the cut and wait for the cloud; if it is late, finish the frame on the device as
+        well and take whichever comes first (a hedged request). ``reason`` is None when the cloud
+        answered, else why the frame was finished locally."""
         ch = self._ch
         if ch is None:
-            return None, 0, "cloud unavailable"
+            return await local(), 0, "cloud unavailable"
         t = time.perf_counter()
         codec = self.input_codec if cand.edge is None else self.codec
         encoded = {k: encode_tensor(v, codec) for k, v in cut.items()}
@@ -330,58 +409,86 @@ class EdgeAgent:
         self.controller.observe_encode(i, timings["encode_ms"])
         wire_bytes = sum(e.nbytes for e in encoded.values())
         self.controller.observe_bytes(i, wire_bytes)
-        # the frame's deadline follows from its prediction (network + cloud part), not a fixed timeout
-        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
-        # On a small device the next frame's edge segment may hold the CPU when the reply arrives:
-        # allow one edge compute of slack on top of twice the predicted network-and-cloud time.
-        slack_ms = max(self.controller.edge_ms()[j] for j in self.local) if self.local else 0.0
-        wait_s = min(max((2.0 * network_ms + slack_ms) / 1e3 + 0.02, _MIN_WAIT_S), _MAX_WAIT_S)
+        self._sized_at[i] = time.monotonic()
+        hedge_s = self._hedge_s(i, pred_ms)
         rid = next(self._ids)
         fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        req = wire.InferRequest(rid, self.plan.hash, cand.id, encoded, codec=codec, deadline_ms=wait_s * 1e3,
-                                result_codec="raw")
+        fut.add_done_callback(_consume)
+        while len(self._pending) > 256:  # replies that never came (a frame long finished locally)
+            self._pending.pop(next(iter(self._pending))).cancel()
+        req = wire.InferRequest(rid, self.plan.hash, cand.id, encoded, codec=codec,
+                                deadline_ms=_MAX_WAIT_S * 1e3, result_codec="raw")
         sent_at = time.perf_counter()
-        info = None
+        sent = False
+
+        async def cloud() -> wire.Message:
+            nonlocal sent
+            await ch.send(req)
+            sent = True
+            return await asyncio.shield(fut)  # a late reply still lands in fut (see _late_reply)
+
+        remote = asyncio.ensure_future(cloud())
+        fallback: asyncio.Future[dict[str, np.ndarray]] | None = None
         self._inflight_bytes += wire_bytes
+        reason: str | None = None
         try:
-            async with asyncio.timeout(wait_s):
-                info = await ch.send(req)
-                reply = await fut
-        except (asyncio.TimeoutError, TimeoutError):
-            self._pending.pop(rid, None)
-            # What we know of the link: it did not carry this frame in the time allowed, which was
-            # at least twice the predicted network time, so it carries at most half the estimate.
-            net_s = max(wait_s - slack_ms / 1e3, 1e-3)
-            rate = min(wire_bytes * 8 / net_s / 1e6, self.monitor.raw_mbps() / 2)
-            self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
-            self.breaker.failure(time.monotonic())
-            return None, wire_bytes, f"timeout after {wait_s * 1e3:.0f} ms"
-        except (ChannelClosed, ChannelError) as exc:
-            self._pending.pop(rid, None)
-            self.breaker.failure(time.monotonic())
-            return None, wire_bytes if info else 0, f"connection lost: {exc}"
+            done, _ = await asyncio.wait({remote}, timeout=hedge_s)
+            if not done:  # late: the device starts on it too; the first to finish wins
+                fallback = asyncio.ensure_future(local())
+                done, _ = await asyncio.wait({remote, fallback}, return_when=asyncio.FIRST_COMPLETED)
+                if remote not in done:
+                    reason = f"cloud later than {hedge_s * 1e3:.0f} ms"
+            if remote in done and remote.exception() is not None:
+                exc = remote.exception()
+                reason = f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else str(exc)
         finally:
             self._inflight_bytes -= wire_bytes
+        if reason is not None:
+            failed = remote.done() and not remote.cancelled() and remote.exception() is not None
+            remote.cancel()
+            self.breaker.failure(time.monotonic())
+            if not failed:
+                # the link did not carry this frame in the time the device took: it carries less
+                # than that, and at most half the estimate; a reply arriving later says how much
+                elapsed_s = max(time.perf_counter() - sent_at, 1e-3)
+                rate = min(wire_bytes * 8 / elapsed_s / 1e6, self.monitor.raw_mbps() / 2)
+                self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
+                fut.add_done_callback(functools.partial(self._late_reply, wire_bytes))
+            else:
+                self._pending.pop(rid, None)
+            out = await (fallback if fallback is not None else local())
+            return out, wire_bytes if sent else 0, reason
+        reply = remote.result()
         elapsed_ms = (time.perf_counter() - sent_at) * 1e3
         if isinstance(reply, wire.Error):
             self.breaker.failure(time.monotonic())
-            return None, wire_bytes, f"cloud error {reply.code}: {reply.message}"
+            return await (fallback or local()), wire_bytes, f"cloud error {reply.code}: {reply.message}"
+        if fallback is not None:
+            fallback.cancel()  # not started yet: dropped; running: its result is ignored
         assert isinstance(reply, wire.Result)
         self.breaker.success()
         tm = reply.timings
         timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
         timings["transfer_ms"] = max(elapsed_ms - tm.queue_ms - tm.compute_ms, 0.0)
         timings["batch"] = tm.batch_size
-        if info is not None:
-            self.monitor.add_transfer(info.nbytes, tm.recv_ms / 1e3)
-            self.monitor.add_rtt(max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0))
+        self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
+        self.monitor.add_rtt(max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0))
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
         if reply.info is not None:
             self.controller.observe_result(i, reply.info.nbytes)
         if cand.cloud is not None and not set(cand.cloud.outputs) <= set(reply.outputs):
             return dict(reply.outputs), wire_bytes, None  # post-processed by the cloud (e.g. detections)
         return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
+
+    def _late_reply(self, nbytes: int, fut: "asyncio.Future[wire.Message]") -> None:
+        """A reply for a frame already finished locally: how long the request took to arrive is
+        still a real measurement of the link (the only one during an outage)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        reply = fut.result()
+        if isinstance(reply, wire.Result) and reply.timings.recv_ms > 0:
+            self.monitor.add_transfer(nbytes, reply.timings.recv_ms / 1e3)
 
     async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],
                      *, fps: float | None = None) -> AsyncIterator[FrameResult]:
@@ -424,6 +531,12 @@ class EdgeAgent:
             producer.cancel()
             for t in pending:
                 t.cancel()
+
+
+def _consume(fut: "asyncio.Future[Any]") -> None:
+    """Mark a future's exception as seen: a reply future may fail after nobody waits for it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _aiter(frames: Any) -> AsyncIterator[Any]:
