@@ -79,8 +79,18 @@ async def run_strategy(plan_dir: Path, cloud_port: int, trace: Path, args, strat
 
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE, preexec_fn=preexec)
-        try:  # a static cut that cannot keep up falls behind; stop it at twice the trace time
+        try:
+            # the trace starts with the first frame, not with the process (start-up differs per strategy)
+            head = b""
+            while b"edge: ready" not in head:
+                line = await asyncio.wait_for(proc.stderr.readline(), 120)  # type: ignore[union-attr]
+                if not line:
+                    break
+                head += line
+            emu.restart_schedule()
+            # a static cut that cannot keep up falls behind; stop it at twice the trace time
             _, err = await asyncio.wait_for(proc.communicate(), 2 * args.seconds + 20)
+            err = head + err
             if proc.returncode:
                 raise RuntimeError(f"{strategy}: edge run failed: {err.decode()[-500:]}")
         except asyncio.TimeoutError:

@@ -317,6 +317,9 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                              threads=args.threads, candidate=args.candidate,
                              policy=args.policy, latency_budget_ms=args.latency_budget_ms,
                              postprocess=args.postprocess, emulate_slowdown=args.emulate_slowdown) as agent:
+            # models loaded and timed, connection up (or not): what comes next is the frames
+            print(f"edge: ready, cloud {'connected' if agent.connected else 'not connected'}", file=sys.stderr,
+                  flush=True)
             async for r in agent.stream(frames, fps=args.fps):
                 results.append(r)
                 if out is not None:

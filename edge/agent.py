@@ -343,15 +343,19 @@ class EdgeAgent:
         backlog_ms = self._inflight_bytes * 8 / (max(bw, 1e-3) * 1e3)  # frames ahead of this one on the uplink
         if self.pinned is not None:
             i, explore = self.pinned, False
-            pred = self.controller.predict(bw, self.monitor.min_rtt_ms(), backlog_ms=backlog_ms,
-                                           default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))[i]
+            preds = self.controller.predict(bw, self.monitor.min_rtt_ms(), backlog_ms=backlog_ms,
+                                            default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))
+            pred = preds[i]
         else:
             # base RTT (the 10 s minimum): queueing in a slow link is already in the bandwidth
             choice = self.controller.choose(bw, self.monitor.min_rtt_ms(), now, backlog_ms=backlog_ms,
                                             allowed=None if cloud_ok else self.local,
                                             default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))
-            i, explore, pred = choice.index, choice.explore, choice.predicted_ms
+            i, explore, pred, preds = choice.index, choice.explore, choice.predicted_ms, list(choice.predictions)
         cand = self.plan.candidates[i]
+        # what the choice was made from, for logs and dashboards
+        conditions = {"bandwidth_mbps": bw, "rtt_ms": self.monitor.min_rtt_ms(), "backlog_ms": backlog_ms,
+                      "cloud_ok": cloud_ok, "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)}}
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
                    "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
         eout: dict[str, np.ndarray] = {}
@@ -362,7 +366,8 @@ class EdgeAgent:
         if cand.local:
             outputs = self._finish(cand.finish({}, eout, self.plan.output_names))
             timings["total_ms"] = (time.perf_counter() - t0) * 1e3
-            return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore)
+            return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore,
+                               conditions=conditions)
         cut = cand.cut_feed(inputs, eout)
 
         async def local() -> dict[str, np.ndarray]:
@@ -383,9 +388,10 @@ class EdgeAgent:
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3
         if reason is None:
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
-                               predicted_ms=pred, explore=explore, batch_size=batch)
+                               predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,
-                           fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore)
+                           fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore,
+                           conditions=conditions)
 
     def _hedge_s(self, i: int, pred_ms: float) -> float:
         """How long a frame waits for the cloud before the device starts finishing it too: the
@@ -473,7 +479,9 @@ class EdgeAgent:
         timings["transfer_ms"] = max(elapsed_ms - tm.queue_ms - tm.compute_ms, 0.0)
         timings["batch"] = tm.batch_size
         self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
-        self.monitor.add_rtt(max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0))
+        overhead_ms = max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0)
+        self.monitor.add_rtt(overhead_ms)
+        self.controller.observe_overhead(i, overhead_ms)
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
         if reply.info is not None:
             self.controller.observe_result(i, reply.info.nbytes)

@@ -17,6 +17,8 @@ ratio). On top of it:
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -62,6 +64,7 @@ class Controller:
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
         self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
+        self._overhead: list[deque[float]] = [deque(maxlen=9) for _ in range(n)]  # see observe_overhead
         self._queue = _Ewma(alpha)
         self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
         self._cloud_scale = _Ewma(alpha)
@@ -82,6 +85,13 @@ class Controller:
         self._queue.add(queue_ms)
         if self.cm.cloud_ms[i] > 0.5:
             self._cloud_scale.add(per / self.cm.cloud_ms[i])
+
+    def observe_overhead(self, i: int, ms: float) -> None:
+        """A remote frame's time beyond its uplink transfer and the cloud's queue and compute: the
+        RTT, the result's way back, decoding at both ends, a busy device's scheduling. The model
+        charges the base RTT and the result bytes for it; what a candidate really costs on top
+        (median of its last frames, robust to one frame that waited behind another) is added."""
+        self._overhead[i].append(ms)
 
     def observe_result(self, i: int, nbytes: int) -> None:
         self._result[i].add(nbytes)
@@ -120,9 +130,15 @@ class Controller:
                 backlog_ms: float = 0.0, downlink_mbps: float | None = None) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
         ``downlink_mbps``: charge the results coming back at this rate (None: results are free)."""
-        return self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
+        results = self.result_bytes()
+        pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
                                cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
-                               downlink_mbps=downlink_mbps, result_bytes=self.result_bytes())
+                               downlink_mbps=downlink_mbps, result_bytes=results)
+        down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
+        for i, over in enumerate(self._overhead):
+            if over and not self.cm.local[i]:
+                pred[i] += max(statistics.median(over) - rtt_ms - results[i] * down, 0.0)
+        return pred
 
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,

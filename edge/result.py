@@ -24,6 +24,8 @@ class FrameResult:
     predicted_ms: float = 0.0
     explore: bool = False
     batch_size: int = 0
+    # what the cut was chosen from: bandwidth_mbps, rtt_ms, backlog_ms, cloud_ok, predicted_ms per candidate
+    conditions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def placement(self) -> str:
@@ -39,4 +41,13 @@ class FrameResult:
                 "edge_segment": self.edge_segment, "cloud_segment": self.cloud_segment, "bytes_sent": self.bytes_sent,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}, "fallback": self.fallback,
                 "fallback_reason": self.fallback_reason, "predicted_ms": round(self.predicted_ms, 3),
-                "explore": self.explore, "batch_size": self.batch_size}
+                "explore": self.explore, "batch_size": self.batch_size,
+                "conditions": _rounded(self.conditions)}
+
+
+def _rounded(x: Any) -> Any:
+    if isinstance(x, float):
+        return round(x, 3)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    return x

@@ -5,6 +5,7 @@ result, in order."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -157,6 +158,30 @@ def test_a_link_outage_costs_a_frame_at_most_its_deadline_plus_local_compute(yol
     assert r.fallback and "later than" in r.fallback_reason
     assert took < 1.5  # not the 5 s outage
 
+
+def test_a_late_frame_is_hedged_locally_and_its_late_reply_still_measures_the_link(yolo_plan):
+    """The link slows to a crawl without dropping: the frame is finished on the device long before
+    the cloud's reply, and that reply, when it comes, tells the bandwidth monitor the real rate."""
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with service(yolo_plan) as svc:
+            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate="cloud", codec="raw") as ag:
+                    for k in range(5):
+                        await ag.infer(random_feeds(plan.inputs, seed=k))
+                    emu.set_rate(0.2)  # 49 KB of raw input: ~2 s on the wire
+                    t = time.monotonic()
+                    r = await ag.infer(random_feeds(plan.inputs, seed=9))
+                    took = time.monotonic() - t
+                    samples = ag.monitor.samples
+                    while ag.monitor.samples == samples:  # the late reply (the test's timeout bounds this)
+                        await asyncio.sleep(0.05)
+                    return r, took, ag.monitor.raw_mbps()
+    r, took, mbps = arun(main(), timeout=60)
+    assert r.fallback and "later than" in r.fallback_reason and r.bytes_sent > 0
+    assert took < 1.5
+    assert mbps < 10  # the late reply's real rate pulled the estimate down from ~50
 
 def test_no_cloud_at_all_runs_locally(yolo_plan):
     plan = Plan.load(yolo_plan)

@@ -199,3 +199,13 @@ def test_real_traces_load():
     for p in traces:
         rows = load_trace(p)
         assert rows[0][0] <= rows[-1][0] and all(r >= 0 for _, r in rows)
+
+
+def test_restart_schedule_replays_the_trace_from_its_start():
+    async def main():
+        async with LinkEmulator(("127.0.0.1", 9), trace=[(0.0, 10.0), (0.2, 1.0)]) as emu:
+            while emu.rate_mbps() != 1.0:  # the trace moved on (bounded by arun's timeout)
+                await asyncio.sleep(0.02)
+            emu.restart_schedule()
+            return emu.rate_mbps()
+    assert arun(main(), timeout=10) == 10.0

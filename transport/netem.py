@@ -193,6 +193,14 @@ class LinkEmulator:
         return self
 
     # ---------------------------------------------------------------- control
+    def restart_schedule(self) -> None:
+        """Start the schedule (trace) again from its beginning, now: e.g. when the measured
+        traffic begins, so runs that start up at different speeds see the same trace."""
+        now = time.monotonic()
+        for link in (self.up, self.down):
+            if link is not None:
+                link.started = now
+
     def set_rate(self, mbps: float | None) -> None:
         """Pin both directions to ``mbps`` (None: back to the schedule)."""
         for link in (self.up, self.down):
