@@ -294,7 +294,7 @@ class CloudService:
             await self._refuse(ch, "token", "missing token" if not msg.token else "the token is not accepted")
             return None
         await ch.send(wire.Welcome(uuid.uuid4().hex[:12], server=f"splitinfer {__version__} {self.name}",
-                                   max_frame=self.limits.max_frame))
+                                   max_frame=self.limits.max_frame, postprocess=served.postprocess or ""))
         return served
 
     async def _refuse(self, ch: Channel, reason: str, message: str) -> None:

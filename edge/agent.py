@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _MIN_WAIT_S = 0.03  # the shortest a frame waits for the cloud before the device starts on it too
 _MAX_WAIT_S = 3.0  # the longest, whatever the prediction
+_POSTPROCESSED_BYTES = 2048.0  # a prior for a post-processed result (a few dozen detections)
 
 
 def nominal_ratio(codec: str) -> float:
@@ -188,6 +189,8 @@ class EdgeAgent:
         if not isinstance(reply, wire.Welcome):
             await ch.aclose()
             raise ChannelError(f"expected a welcome, got {reply.KIND!r}")
+        if reply.postprocess:  # results will be post-processed (e.g. detections): small
+            self.controller.result_prior = [0.0 if c.local else _POSTPROCESSED_BYTES for c in self.plan.candidates]
         return ch
 
     async def _supervise(self) -> None:
@@ -304,10 +307,12 @@ class EdgeAgent:
         return b
 
     async def _run_local(self, path: str, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-        loop = asyncio.get_running_loop()
-        t = time.perf_counter()
-        out = await loop.run_in_executor(self._executor, lambda: self._backend(path).run(feeds))
-        return out, (time.perf_counter() - t) * 1e3
+        def run() -> tuple[dict[str, np.ndarray], float]:
+            t = time.perf_counter()  # the run itself, not the wait for the device's thread
+            out = self._backend(path).run(feeds)
+            return out, (time.perf_counter() - t) * 1e3
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.postprocess and "detections" not in outputs:

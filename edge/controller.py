@@ -66,6 +66,8 @@ class Controller:
         self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
         self._overhead: list[deque[float]] = [deque(maxlen=9) for _ in range(n)]  # see observe_overhead
         self._queue = _Ewma(alpha)
+        # result size until measured: the raw outputs, unless the cloud says it post-processes
+        self.result_prior = [float(b) for b in cost_model.result_bytes]
         self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
         self._cloud_scale = _Ewma(alpha)
         self.current: int | None = None
@@ -98,7 +100,7 @@ class Controller:
 
     def result_bytes(self) -> list[float]:
         """Measured result size per candidate; the plan's raw output size until measured."""
-        return [r.value if not math.isnan(r.value) else float(p) for r, p in zip(self._result, self.cm.result_bytes)]
+        return [r.value if not math.isnan(r.value) else float(p) for r, p in zip(self._result, self.result_prior)]
 
     def observe_encode(self, i: int, ms: float) -> None:
         self._encode[i].add(ms)

@@ -107,6 +107,7 @@ class Welcome(Message):
     server: str = ""
     protocol: int = PROTOCOL_VERSION
     max_frame: int = DEFAULT_LIMITS.max_frame
+    postprocess: str = ""  # what results carry: "" the model's outputs, else the post-processor's (e.g. "yolo")
 
 
 @dataclass
@@ -347,7 +348,8 @@ def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameIn
         msg = Welcome(session=_field(header, "session", str, k, limits=limits),
                       server=_field(header, "server", str, k, limits=limits),
                       protocol=_field(header, "protocol", int, k, limits=limits),
-                      max_frame=_field(header, "max_frame", int, k, limits=limits))
+                      max_frame=_field(header, "max_frame", int, k, limits=limits),
+                      postprocess=_field(header, "postprocess", str, k, optional=True, limits=limits) or "")
     elif cls is Refusal:
         msg = Refusal(reason=_field(header, "reason", str, k, limits=limits),
                       message=_field(header, "message", str, k, limits=limits))
