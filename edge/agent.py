@@ -32,7 +32,7 @@ from ..splitter.plan import Candidate, Plan
 from ..transport import wire
 from ..transport.bandwidth import ActiveProber, BandwidthMonitor
 from ..transport.channel import Channel
-from ..transport.codecs import encode_tensor
+from ..transport.codecs import Encoded, encode_tensor
 from .breaker import CircuitBreaker
 from .controller import Controller
 from .result import FrameResult
@@ -279,17 +279,20 @@ class EdgeAgent:
             for v in zeros.values():
                 encode_tensor(v, self.input_codec)
 
-    def _sample_sizes(self, inputs: Mapping[str, np.ndarray], only_unmeasured: bool = False) -> None:
+    def _sample_sizes(self, inputs: Mapping[str, np.ndarray],
+                      only_unmeasured: bool = False) -> dict[int, dict[str, Encoded]]:
         """Encode the frame as each all-cloud candidate would send it, to keep its wire size (the
         cost model's byte ratio) true while it is not in use: without it a candidate never tried
-        is judged by a prior forever."""
+        is judged by a prior forever. Returns the encodings (reused if the frame goes that way)."""
         now = time.monotonic()
+        done = {}
         for i in self._input_only:
             if (only_unmeasured and self._sized_at[i] > -float("inf")) or now - self._sized_at[i] < self.size_every_s:
                 continue
             self._sized_at[i] = now
-            cut = self.plan.candidates[i].cut
-            self.controller.observe_bytes(i, sum(encode_tensor(inputs[t.name], self.input_codec).nbytes for t in cut))
+            done[i] = {t.name: encode_tensor(inputs[t.name], self.input_codec) for t in self.plan.candidates[i].cut}
+            self.controller.observe_bytes(i, sum(e.nbytes for e in done[i].values()))
+        return done
 
     def _whole_model(self) -> str:
         """The file that runs the whole model locally: the all-edge candidate's segment when the
@@ -342,10 +345,13 @@ class EdgeAgent:
         t0 = captured if captured is not None else time.perf_counter()
         now = time.monotonic()
         cloud_ok = self.connected and self.breaker.allows(now)
+        encoded: dict[int, dict[str, Encoded]] = {}
         if self.pinned is None:
-            self._sample_sizes(inputs, only_unmeasured=True)  # the first frame: a few ms, once
+            encoded = self._sample_sizes(inputs, only_unmeasured=True)  # the first frame: a few ms, once
         bw = self.monitor.estimate_mbps()
-        backlog_ms = self._inflight_bytes * 8 / (max(bw, 1e-3) * 1e3)  # frames ahead of this one on the uplink
+        # frames and probes ahead of this one on the uplink
+        ahead = self._inflight_bytes + (self._prober.inflight_bytes if self._prober is not None else 0)
+        backlog_ms = ahead * 8 / (max(bw, 1e-3) * 1e3)
         if self.pinned is not None:
             i, explore = self.pinned, False
             preds = self.controller.predict(bw, self.monitor.min_rtt_ms(), backlog_ms=backlog_ms,
@@ -385,7 +391,7 @@ class EdgeAgent:
             return cand.finish(cut, cout, self.plan.output_names)
 
         if cloud_ok or (self.pinned is not None and self.connected):
-            result, sent, reason = await self._remote(i, cand, cut, pred, timings, local)
+            result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i))
         else:
             result, sent, reason = await local(), 0, "cloud unavailable" if not self.connected else "circuit open"
         batch = int(timings.pop("batch", 1))
@@ -406,7 +412,7 @@ class EdgeAgent:
 
     async def _remote(self, i: int, cand: Candidate, cut: dict[str, np.ndarray], pred_ms: float,
                       timings: dict[str, float], local: Callable[[], Awaitable[dict[str, np.ndarray]]],
-                      ) -> tuple[dict[str, np.ndarray], int, str | None]:
+                      encoded: dict[str, Encoded] | None = None) -> tuple[dict[str, np.ndarray], int, str | None]:
         """Send the cut and wait for the cloud; if it is late, finish the frame on the device as
         well and take whichever comes first (a hedged request). ``reason`` is None when the cloud
         answered, else why the frame was finished locally."""
@@ -415,9 +421,10 @@ class EdgeAgent:
             return await local(), 0, "cloud unavailable"
         t = time.perf_counter()
         codec = self.input_codec if cand.edge is None else self.codec
-        encoded = {k: encode_tensor(v, codec) for k, v in cut.items()}
-        timings["encode_ms"] = (time.perf_counter() - t) * 1e3
-        self.controller.observe_encode(i, timings["encode_ms"])
+        if encoded is None:  # (else encoded already, when its size was sampled)
+            encoded = {k: encode_tensor(v, codec) for k, v in cut.items()}
+            timings["encode_ms"] = (time.perf_counter() - t) * 1e3
+            self.controller.observe_encode(i, timings["encode_ms"])
         wire_bytes = sum(e.nbytes for e in encoded.values())
         self.controller.observe_bytes(i, wire_bytes)
         self._sized_at[i] = time.monotonic()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ class Controller:
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
         self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
-        self._overhead: list[deque[float]] = [deque(maxlen=9) for _ in range(n)]  # see observe_overhead
+        self._overhead: list[deque[tuple[float, float]]] = [deque(maxlen=9) for _ in range(n)]  # (time, ms)
+        self.overhead_window_s = 10.0
         self._queue = _Ewma(alpha)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
@@ -88,12 +90,12 @@ class Controller:
         if self.cm.cloud_ms[i] > 0.5:
             self._cloud_scale.add(per / self.cm.cloud_ms[i])
 
-    def observe_overhead(self, i: int, ms: float) -> None:
+    def observe_overhead(self, i: int, ms: float, now: float | None = None) -> None:
         """A remote frame's time beyond its uplink transfer and the cloud's queue and compute: the
         RTT, the result's way back, decoding at both ends, a busy device's scheduling. The model
         charges the base RTT and the result bytes for it; what a candidate really costs on top
         (median of its last frames, robust to one frame that waited behind another) is added."""
-        self._overhead[i].append(ms)
+        self._overhead[i].append((time.monotonic() if now is None else now, ms))
 
     def observe_result(self, i: int, nbytes: int) -> None:
         self._result[i].add(nbytes)
@@ -129,7 +131,7 @@ class Controller:
         return 0.0 if math.isnan(self._queue.value) else self._queue.value
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
-                backlog_ms: float = 0.0, downlink_mbps: float | None = None) -> list[float]:
+                backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
         ``downlink_mbps``: charge the results coming back at this rate (None: results are free)."""
         results = self.result_bytes()
@@ -137,9 +139,11 @@ class Controller:
                                cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
                                downlink_mbps=downlink_mbps, result_bytes=results)
         down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
+        now = time.monotonic() if now is None else now
         for i, over in enumerate(self._overhead):
-            if over and not self.cm.local[i]:
-                pred[i] += max(statistics.median(over) - rtt_ms - results[i] * down, 0.0)
+            recent = [ms for at, ms in over if now - at <= self.overhead_window_s]
+            if recent and not self.cm.local[i]:
+                pred[i] += max(statistics.median(recent) - rtt_ms - results[i] * down, 0.0)
         return pred
 
     # ------------------------------------------------------------------ the choice
@@ -149,7 +153,7 @@ class Controller:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable)."""
         pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                            downlink_mbps=downlink_mbps)
+                            downlink_mbps=downlink_mbps, now=now)
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")

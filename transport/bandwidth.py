@@ -153,8 +153,13 @@ class ActiveProber:
         self.sent_bytes = 0
         self._seq = 0
         self._last_probe = -math.inf
-        self._inflight: dict[int, float] = {}
+        self._inflight: dict[int, tuple[float, int]] = {}  # seq -> (sent at, bytes)
         self.last_probe_mbps = 0.0
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Probe bytes sent and not yet answered: they are ahead of any frame on the uplink."""
+        return sum(n for _, n in self._inflight.values())
 
     def _rate_bps(self) -> float:
         # a probe that measured more than the (smoothed) estimate sizes the next one: probe up fast
@@ -177,7 +182,7 @@ class ActiveProber:
         self._seq += 1
         size = self.probe_size()
         self._last_probe = now
-        self._inflight[self._seq] = now
+        self._inflight[self._seq] = (now, size)
         self.sent += 1
         self.sent_bytes += size
         await self.send(Ping(self._seq, now, padding=size))
@@ -194,7 +199,7 @@ class ActiveProber:
         """Probe whenever due, until cancelled. A probe unanswered after ``max_interval_s`` is dropped."""
         while True:
             now = self.monitor.clock()
-            for seq, at in list(self._inflight.items()):
+            for seq, (at, _) in list(self._inflight.items()):
                 if now - at > self.max_interval_s * 2:
                     del self._inflight[seq]
             if self.due(now):
