@@ -73,19 +73,19 @@ async def run_strategy(plan_dir: Path, cloud_port: int, trace: Path, args, strat
     async with LinkEmulator(("127.0.0.1", cloud_port), trace=trace, delay_ms=args.delay_ms) as emu:
         cmd[cmd.index("--source"):cmd.index("--source")] = ["--cloud", f"tcp://127.0.0.1:{emu.port}"]
 
-        def preexec() -> None:
-            if cgroup:
-                (CGROUP / "cgroup.procs").write_text(str(os.getpid()))
-
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, preexec_fn=preexec)
+                                                    stderr=asyncio.subprocess.PIPE)
         try:
-            # the trace starts with the first frame, not with the process (start-up differs per strategy)
+            # Python's imports run at full speed (they are not what is measured); the CPU limit
+            # starts before the agent loads and times its segments. The trace starts with the
+            # first frame, not with the process (start-up differs per strategy).
             head = b""
             while b"edge: ready" not in head:
                 line = await asyncio.wait_for(proc.stderr.readline(), 120)  # type: ignore[union-attr]
                 if not line:
                     break
+                if b"edge: starting" in line and cgroup:
+                    (CGROUP / "cgroup.procs").write_text(str(proc.pid))
                 head += line
             emu.restart_schedule()
             # a static cut that cannot keep up falls behind; stop it at twice the trace time

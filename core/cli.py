@@ -313,6 +313,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
     async def run() -> list[Any]:
         results = []
         cloud = None if args.cloud == "none" else args.cloud
+        print("edge: starting (loading and timing the edge segments)", file=sys.stderr, flush=True)
         async with EdgeAgent(plan, cloud, token=token, codec=args.codec, input_codec=args.input_codec,
                              threads=args.threads, candidate=args.candidate,
                              policy=args.policy, latency_budget_ms=args.latency_budget_ms,
