@@ -49,7 +49,7 @@ class Choice:
 
 class Controller:
     def __init__(self, cost_model: CostModel, *, policy: str = "latency", latency_budget_ms: float | None = None,
-                 hysteresis: float = 0.15, min_dwell_s: float = 0.5, emergency: float = 2.0,
+                 hysteresis: float = 0.08, min_dwell_s: float = 0.5, emergency: float = 2.0,
                  explore_every_s: float = 5.0, explore_margin: float = 1.3, alpha: float = 0.3) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -143,7 +143,10 @@ class Controller:
         for i, over in enumerate(self._overhead):
             recent = [ms for at, ms in over if now - at <= self.overhead_window_s]
             if recent and not self.cm.local[i]:
-                pred[i] += max(statistics.median(recent) - rtt_ms - results[i] * down, 0.0)
+                # one or two samples may be a cold start (the connection's first frame): the least
+                # of them until there are three, then the median
+                typical = min(recent) if len(recent) < 3 else statistics.median(recent)
+                pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
         return pred
 
     # ------------------------------------------------------------------ the choice

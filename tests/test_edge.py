@@ -258,6 +258,19 @@ def test_controller_hysteresis_dwell_and_exploration(yolo_plan):
         Controller(cm, policy="bytes")
 
 
+def test_measured_overhead_is_added_robustly_and_expires(yolo_plan):
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    c = Controller(cm)
+    i = cm.ids.index("cloud")
+    base = c.predict(10.0, 20.0, now=0.0)[i]
+    c.observe_overhead(i, 500.0, now=0.0)  # a cold first frame
+    c.observe_overhead(i, 60.0, now=0.1)
+    assert c.predict(10.0, 20.0, now=0.2)[i] == pytest.approx(base + 40.0)  # the least of two, beyond the RTT
+    c.observe_overhead(i, 70.0, now=0.3)
+    assert c.predict(10.0, 20.0, now=0.4)[i] == pytest.approx(base + 50.0)  # then the median
+    assert c.predict(10.0, 20.0, now=0.4 + c.overhead_window_s)[i] == pytest.approx(base)  # stale: the model again
+
+
 def test_bytes_policy_picks_the_fewest_bytes_within_budget(yolo_plan):
     cm = CostModel.from_plan(Plan.load(yolo_plan))
     c = Controller(cm, policy="bytes", latency_budget_ms=1e9)
