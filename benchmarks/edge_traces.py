@@ -8,7 +8,13 @@ best of the static strategies' recorded latencies for that frame).
 Reports mean, P50, P99 latency, uplink bytes per frame and fallbacks per trace (table, JSON, plot)
 and the ratios of issue 5: best static mean / adaptive mean, adaptive mean / oracle mean.
 
-    python benchmarks/edge_traces.py [--traces 3] [--seconds 30] [--fps 5] [--quota 0.2] [--size 320]
+    python benchmarks/edge_traces.py [--traces 10] [--seconds 30] [--fps 2] [--quota 0.2] [--size 640]
+        [--delay-ms 15] [--only NAME] [--strategies adaptive,cloud,...] [--records DIR]
+
+Each strategy is a separate ``splitinfer edge run`` process against one cloud service; the trace
+restarts at its first frame. At 2 fps every strategy that can keep up does (the throttled device
+runs YOLO-n 640 in ~270 ms), so latencies compare like for like. benchmarks/oracle_ceiling.py
+says how much any controller could gain on the same traces.
 
 Needs root for the cgroup (v1 cpu controller); without it the edge runs at full speed and
 ``--emulate-slowdown`` stands in (said in the output).
@@ -24,6 +30,7 @@ import os
 import re
 import statistics
 import subprocess
+from collections import Counter
 import sys
 import tempfile
 from pathlib import Path
@@ -103,17 +110,18 @@ def stats(records: list[dict]) -> dict:
     lat = np.array([r["timings"]["total_ms"] for r in records])
     return {"mean_ms": float(lat.mean()), "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "bytes_per_frame": float(np.mean([r["bytes_sent"] for r in records])),
-            "fallbacks": int(sum(r["fallback"] for r in records)), "frames": len(records)}
+            "fallbacks": int(sum(r["fallback"] for r in records)), "frames": len(records),
+            "cuts": dict(Counter(r["candidate"] for r in records))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", type=int, default=3)
+    ap.add_argument("--traces", type=int, default=10, help="how many uplink traces (most variable first)")
     ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--fps", type=float, default=5.0)
+    ap.add_argument("--fps", type=float, default=2.0)
     ap.add_argument("--quota", type=float, default=0.2, help="share of one CPU the edge gets")
-    ap.add_argument("--size", type=int, default=320)
-    ap.add_argument("--delay-ms", type=float, default=20.0)
+    ap.add_argument("--size", type=int, default=640)
+    ap.add_argument("--delay-ms", type=float, default=15.0, help="one-way delay each way")
     ap.add_argument("--only", default=None, help="run just the traces whose name contains this")
     ap.add_argument("--strategies", default=None, help="comma-separated subset of adaptive,edge,cloud,c1,... (default all)")
     ap.add_argument("--records", type=Path, default=None, help="keep every run's per-frame records (JSONL) here")
@@ -156,27 +164,31 @@ def main() -> None:
                                                     keep / f"{trace.stem}.{strategy}.jsonl"))
                     records[strategy] = recs
                     per[strategy] = stats(recs)
-                # frames every strategy finished (a static cut stopped early has fewer: its figures
-                # are then a lower bound, since its later frames would have waited longer)
-                n = min(len(r) for r in records.values())
+                # A static cut that cannot keep up is stopped at twice the trace time: its figures
+                # cover the frames it finished (a lower bound: its later frames would have waited
+                # longer), it cannot be the best static, and the oracle takes the others there.
+                n = int(args.seconds * args.fps)
                 for strategy, recs in records.items():
-                    per[strategy] = stats(recs[:n]) | {"finished": len(recs)}
-                oracle = [min(records[s][k]["timings"]["total_ms"] for s in statics) for k in range(n)]
+                    per[strategy] = stats(recs) | {"finished": len(recs), "fell_behind": len(recs) < n}
+                oracle = [min(records[s][k]["timings"]["total_ms"] for s in statics if len(records[s]) > k)
+                          for k in range(min(n, max(len(records[s]) for s in statics)))]
                 per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
                                  "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": float("nan"),
-                                 "fallbacks": 0, "frames": n}
-                best_static = min(statics, key=lambda s: per[s]["mean_ms"])
+                                 "fallbacks": 0, "frames": len(oracle)}
+                complete = [s for s in statics if not per[s]["fell_behind"]] or statics
+                best_static = min(complete, key=lambda s: per[s]["mean_ms"])
                 per["ratios"] = {"best_static": best_static,
                                  "best_static_over_adaptive": per[best_static]["mean_ms"] / per["adaptive"]["mean_ms"],
                                  "adaptive_over_oracle": per["adaptive"]["mean_ms"] / per["oracle"]["mean_ms"]}
                 results["traces"][trace.stem] = per
                 rows = [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}",
                          "-" if math.isnan(v["bytes_per_frame"]) else f"{v['bytes_per_frame'] / 1024:.1f}",
-                         v["fallbacks"]] for s, v in per.items() if s != "ratios"]
+                         v["fallbacks"], f"{v['frames']}{' (fell behind)' if v.get('fell_behind') else ''}"]
+                        for s, v in per.items() if s != "ratios"]
                 table(f"{trace.stem}: best static {best_static}; static/adaptive "
                       f"{per['ratios']['best_static_over_adaptive']:.2f}, adaptive/oracle "
                       f"{per['ratios']['adaptive_over_oracle']:.2f}",
-                      ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "fallbacks"], rows)
+                      ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "fallbacks", "frames"], rows)
         finally:
             cloud.terminate()
             cloud.wait(30)

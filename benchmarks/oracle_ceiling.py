@@ -4,7 +4,7 @@ best static strategy, computed from the traces alone (no processes, seconds to r
 For each uplink trace and frame (at ``--fps`` for ``--seconds``), the all-cloud latency is the
 time to serialise one ``--frame-kb`` JPEG through the trace's rate from the frame's start, plus
 ``--fixed-ms`` (encode, RTT, cloud compute, reply: measured in edge_traces.py), hedged as the
-agent does (1.5x the prediction + 40 ms, then the device's own time); the all-edge latency is
+agent does (1.3x the prediction + 30 ms, then the device's own time); the all-edge latency is
 the device's time. The oracle takes the better per frame. Reported per device time: the
 geometric mean over traces of best static / oracle (the ceiling for best static / adaptive, since
 an adaptive controller can at most match the oracle), and each trace's value.
@@ -64,7 +64,7 @@ def main() -> None:
                 t = k / args.fps
                 seen = statistics.mean(sched.rate_at(max(t - 0.1 * j, 0.0)) for j in range(20))
                 expected = args.fixed_ms + args.frame_kb * 8 / max(seen, 1e-3)
-                hedged = min(net, min(1.5 * expected + 40, 3000) + edge_ms)
+                hedged = min(net, min(1.3 * expected + 30, 3000) + edge_ms)
                 cloud.append(hedged)
                 oracle.append(min(hedged, edge_ms))
             best = min(statistics.mean(cloud), edge_ms)

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _MIN_WAIT_S = 0.03  # the shortest a frame waits for the cloud before the device starts on it too
 _MAX_WAIT_S = 3.0  # the longest, whatever the prediction
+_RACE_LOST = "raced: the device was first"  # an exploring frame the device finished first (not a fault)
 _POSTPROCESSED_BYTES = 2048.0  # a prior for a post-processed result (a few dozen detections)
 
 
@@ -80,7 +81,7 @@ class EdgeAgent:
         self.warmup = warmup
         # a frame waits hedge_factor x its predicted network-and-cloud time + hedge_margin_ms for
         # the cloud, then the device starts finishing it as well
-        self.hedge_factor, self.hedge_margin_ms = 1.5, 40.0
+        self.hedge_factor, self.hedge_margin_ms = 1.3, 30.0
         self.cafile = cafile
         self.connect_timeout_s = connect_timeout_s
         cm = CostModel.from_plan(self.plan, edge_slowdown=edge_slowdown)
@@ -294,14 +295,20 @@ class EdgeAgent:
             self.controller.observe_bytes(i, sum(e.nbytes for e in done[i].values()))
         return done
 
+    def _whole_index(self) -> int | None:
+        """The all-edge candidate that runs the whole model from the plan's inputs, if any."""
+        names = {t.name for t in self.plan.inputs}
+        for k, cand in enumerate(self.plan.candidates):
+            if cand.local and cand.edge is not None and set(cand.edge.inputs) == names:
+                return k
+        return None
+
     def _whole_model(self) -> str:
         """The file that runs the whole model locally: the all-edge candidate's segment when the
         plan has one (the same graph, and its session is already loaded), else the plan's model."""
-        names = {t.name for t in self.plan.inputs}
-        for cand in self.plan.candidates:
-            if cand.local and cand.edge is not None and set(cand.edge.inputs) == names:
-                return str(self.plan.file(cand.edge))
-        return str(self.plan.model_file)
+        k = self._whole_index()
+        edge = self.plan.candidates[k].edge if k is not None else None
+        return str(self.plan.file(edge)) if edge is not None else str(self.plan.model_file)
 
     def _backend(self, path: str) -> Backend:
         b = self._backends.get(path)
@@ -363,6 +370,18 @@ class EdgeAgent:
                                             allowed=None if cloud_ok else self.local,
                                             default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))
             i, explore, pred, preds = choice.index, choice.explore, choice.predicted_ms, list(choice.predictions)
+        # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
+        # the cloud and the device starts it at once, the first result wins, and both are measured.
+        # Exploring thus costs device time, not latency.
+        whole = self._whole_index()
+        race = False
+        if explore and cloud_ok and whole is not None:
+            cur = self.controller.current
+            if i in self._input_only:
+                race = True
+            elif i == whole and cur in self._input_only:
+                i, race = cur, True  # type: ignore[assignment]
+        pred = preds[i]
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards
         conditions = {"bandwidth_mbps": bw, "rtt_ms": self.monitor.min_rtt_ms(), "backlog_ms": backlog_ms,
@@ -385,18 +404,24 @@ class EdgeAgent:
             # finish on the device: the cloud segment on the cut we have, or the whole model
             if cand.edge is None:
                 out, timings["local_ms"] = await self._run_local(self._whole_model(), dict(inputs))
+                if whole is not None:  # a real measurement of the all-edge candidate
+                    self.controller.observe_edge(whole, timings["local_ms"])
                 return out
             assert cand.cloud is not None
             cout, timings["local_ms"] = await self._run_local(str(self.plan.file(cand.cloud)), cut)
             return cand.finish(cut, cout, self.plan.output_names)
 
         if cloud_ok or (self.pinned is not None and self.connected):
-            result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i))
+            result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i), race=race)
         else:
             result, sent, reason = await local(), 0, "cloud unavailable" if not self.connected else "circuit open"
         batch = int(timings.pop("batch", 1))
         outputs = self._finish(result)
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3
+        if reason == _RACE_LOST:  # the device won the race: an all-edge frame that also measured the cloud
+            assert whole is not None
+            return FrameResult(index, outputs, self.plan.candidates[whole].id, "edge", None, sent, timings,
+                               predicted_ms=preds[whole], explore=True, conditions=conditions)
         if reason is None:
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
@@ -412,10 +437,13 @@ class EdgeAgent:
 
     async def _remote(self, i: int, cand: Candidate, cut: dict[str, np.ndarray], pred_ms: float,
                       timings: dict[str, float], local: Callable[[], Awaitable[dict[str, np.ndarray]]],
-                      encoded: dict[str, Encoded] | None = None) -> tuple[dict[str, np.ndarray], int, str | None]:
+                      encoded: dict[str, Encoded] | None = None,
+                      race: bool = False) -> tuple[dict[str, np.ndarray], int, str | None]:
         """Send the cut and wait for the cloud; if it is late, finish the frame on the device as
         well and take whichever comes first (a hedged request). ``reason`` is None when the cloud
-        answered, else why the frame was finished locally."""
+        answered, else why the frame was finished locally. With ``race`` (exploring) the device
+        starts at once, and a device that wins is not the cloud failing: ``reason`` is
+        ``_RACE_LOST`` and the cloud's reply, whenever it comes, is measured as usual."""
         ch = self._ch
         if ch is None:
             return await local(), 0, "cloud unavailable"
@@ -428,7 +456,7 @@ class EdgeAgent:
         wire_bytes = sum(e.nbytes for e in encoded.values())
         self.controller.observe_bytes(i, wire_bytes)
         self._sized_at[i] = time.monotonic()
-        hedge_s = self._hedge_s(i, pred_ms)
+        hedge_s = 0.0 if race else self._hedge_s(i, pred_ms)
         rid = next(self._ids)
         fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -440,28 +468,43 @@ class EdgeAgent:
         sent_at = time.perf_counter()
         sent = False
 
-        async def cloud() -> wire.Message:
+        async def cloud() -> tuple[wire.Message, float]:
             nonlocal sent
             await ch.send(req)
             sent = True
-            return await asyncio.shield(fut)  # a late reply still lands in fut (see _late_reply)
+            reply = await asyncio.shield(fut)  # a late reply still lands in fut (see _late_reply)
+            return reply, time.perf_counter()
 
         remote = asyncio.ensure_future(cloud())
+        remote.add_done_callback(_consume)
         fallback: asyncio.Future[dict[str, np.ndarray]] | None = None
         self._inflight_bytes += wire_bytes
         reason: str | None = None
         try:
-            done, _ = await asyncio.wait({remote}, timeout=hedge_s)
+            done, _ = await asyncio.wait({remote}, timeout=hedge_s) if hedge_s > 0 else (set(), set())
             if not done:  # late: the device starts on it too; the first to finish wins
                 fallback = asyncio.ensure_future(local())
+                fallback.add_done_callback(_consume)
                 done, _ = await asyncio.wait({remote, fallback}, return_when=asyncio.FIRST_COMPLETED)
                 if remote not in done:
-                    reason = f"cloud later than {hedge_s * 1e3:.0f} ms"
+                    reason = _RACE_LOST if race else f"cloud later than {hedge_s * 1e3:.0f} ms"
             if remote in done and remote.exception() is not None:
                 exc = remote.exception()
                 reason = f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else str(exc)
         finally:
-            self._inflight_bytes -= wire_bytes
+            if reason != _RACE_LOST:
+                self._inflight_bytes -= wire_bytes
+        if reason == _RACE_LOST:
+            def measured(task: "asyncio.Future[tuple[wire.Message, float]]") -> None:
+                self._inflight_bytes -= wire_bytes
+                if not task.cancelled() and task.exception() is None:
+                    reply, arrived = task.result()
+                    if isinstance(reply, wire.Result):
+                        self._observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, {})
+
+            remote.add_done_callback(measured)
+            assert fallback is not None
+            return await fallback, wire_bytes, reason
         if reason is not None:
             failed = remote.done() and not remote.cancelled() and remote.exception() is not None
             remote.cancel()
@@ -477,14 +520,22 @@ class EdgeAgent:
                 self._pending.pop(rid, None)
             out = await (fallback if fallback is not None else local())
             return out, wire_bytes if sent else 0, reason
-        reply = remote.result()
-        elapsed_ms = (time.perf_counter() - sent_at) * 1e3
+        reply, arrived = remote.result()
         if isinstance(reply, wire.Error):
             self.breaker.failure(time.monotonic())
             return await (fallback or local()), wire_bytes, f"cloud error {reply.code}: {reply.message}"
-        if fallback is not None:
+        if fallback is not None and not race:
             fallback.cancel()  # not started yet: dropped; running: its result is ignored
+        # (racing, the device's run goes on: its time is the measurement the race was for)
         assert isinstance(reply, wire.Result)
+        self._observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings)
+        if cand.cloud is not None and not set(cand.cloud.outputs) <= set(reply.outputs):
+            return dict(reply.outputs), wire_bytes, None  # post-processed by the cloud (e.g. detections)
+        return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
+
+    def _observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
+                       timings: dict[str, float]) -> None:
+        """What a reply says about the link, the cloud and this candidate."""
         self.breaker.success()
         tm = reply.timings
         timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
@@ -497,9 +548,6 @@ class EdgeAgent:
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
         if reply.info is not None:
             self.controller.observe_result(i, reply.info.nbytes)
-        if cand.cloud is not None and not set(cand.cloud.outputs) <= set(reply.outputs):
-            return dict(reply.outputs), wire_bytes, None  # post-processed by the cloud (e.g. detections)
-        return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
 
     def _late_reply(self, nbytes: int, fut: "asyncio.Future[wire.Message]") -> None:
         """A reply for a frame already finished locally: how long the request took to arrive is
