@@ -114,6 +114,50 @@ def stats(records: list[dict]) -> dict:
             "cuts": dict(Counter(r["candidate"] for r in records))}
 
 
+def summarise(name: str, records: dict[str, list[dict]], statics: list[str], n: int) -> dict:
+    """One trace's table row per strategy, the oracle, and the ratios of issue 5.
+
+    A static cut that cannot keep up is stopped at twice the trace time: its figures cover the
+    frames it finished (a lower bound: its later frames would have waited longer), it cannot be
+    the best static, and the oracle takes the others for the frames it did not reach."""
+    per: dict = {}
+    for strategy, recs in records.items():
+        per[strategy] = stats(recs) | {"finished": len(recs), "fell_behind": len(recs) < n}
+    oracle = [min(records[s][k]["timings"]["total_ms"] for s in statics if len(records[s]) > k)
+              for k in range(min(n, max(len(records[s]) for s in statics)))]
+    per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
+                     "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": float("nan"),
+                     "fallbacks": 0, "frames": len(oracle)}
+    complete = [s for s in statics if not per[s]["fell_behind"]] or statics
+    best_static = min(complete, key=lambda s: per[s]["mean_ms"])
+    per["ratios"] = {"best_static": best_static,
+                     "best_static_over_adaptive": per[best_static]["mean_ms"] / per["adaptive"]["mean_ms"],
+                     "adaptive_over_oracle": per["adaptive"]["mean_ms"] / per["oracle"]["mean_ms"]}
+    rows = [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}",
+             "-" if math.isnan(v["bytes_per_frame"]) else f"{v['bytes_per_frame'] / 1024:.1f}",
+             v["fallbacks"], f"{v['frames']}{' (fell behind)' if v.get('fell_behind') else ''}",
+             " ".join(f"{c}:{k}" for c, k in v.get("cuts", {}).items())]
+            for s, v in per.items() if s != "ratios"]
+    table(f"{name}: best static {best_static}; static/adaptive {per['ratios']['best_static_over_adaptive']:.2f}, "
+          f"adaptive/oracle {per['ratios']['adaptive_over_oracle']:.2f}",
+          ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "fallbacks", "frames", "cuts"], rows)
+    return per
+
+
+def from_records(directory: Path, n: int) -> dict:
+    """Summaries from kept per-frame records (``--records`` of earlier runs), one per trace that
+    has the adaptive run and at least one static."""
+    out = {}
+    for trace in uplink_traces(100):
+        records = {p.name.split(".")[-2]: [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+                   for p in sorted(directory.glob(f"{trace.stem}.*.jsonl"))}
+        records = {k: v for k, v in records.items() if v}
+        statics = [s for s in ("cloud", "c1", "c2", "c3", "c4", "edge") if s in records]
+        if "adaptive" in records and statics:
+            out[trace.stem] = summarise(trace.stem, records, statics, n)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", type=int, default=10, help="how many uplink traces (most variable first)")
@@ -125,9 +169,15 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run just the traces whose name contains this")
     ap.add_argument("--strategies", default=None, help="comma-separated subset of adaptive,edge,cloud,c1,... (default all)")
     ap.add_argument("--records", type=Path, default=None, help="keep every run's per-frame records (JSONL) here")
+    ap.add_argument("--from-records", type=Path, default=None,
+                    help="run nothing: summarise the records kept in this directory by earlier runs")
     args = ap.parse_args()
     if not TRACES.is_dir():
         sys.exit(f"{TRACES} not found")
+    if args.from_records:
+        results = {"args": vars(args), "traces": from_records(args.from_records, int(args.seconds * args.fps))}
+        finish(results)
+        return
     cgroup = setup_cgroup(args.quota)
     print(f"edge: {'cgroup' if cgroup else 'emulated'} CPU limit {args.quota:g} of one core, 1 thread; "
           f"cloud: full speed; {args.seconds:g} s of each trace at {args.fps:g} fps")
@@ -155,7 +205,6 @@ def main() -> None:
                 statics = [s for s in statics if s in wanted]
             traces = uplink_traces(args.traces if not args.only else 100)
             for trace in [t for t in traces if not args.only or args.only in t.name][: args.traces]:
-                per: dict = {}
                 records: dict = {}
                 for strategy in wanted:
                     keep = args.records or Path(tmp)
@@ -163,35 +212,15 @@ def main() -> None:
                     recs = asyncio.run(run_strategy(plan_dir, port, trace, args, strategy, cgroup,
                                                     keep / f"{trace.stem}.{strategy}.jsonl"))
                     records[strategy] = recs
-                    per[strategy] = stats(recs)
-                # A static cut that cannot keep up is stopped at twice the trace time: its figures
-                # cover the frames it finished (a lower bound: its later frames would have waited
-                # longer), it cannot be the best static, and the oracle takes the others there.
-                n = int(args.seconds * args.fps)
-                for strategy, recs in records.items():
-                    per[strategy] = stats(recs) | {"finished": len(recs), "fell_behind": len(recs) < n}
-                oracle = [min(records[s][k]["timings"]["total_ms"] for s in statics if len(records[s]) > k)
-                          for k in range(min(n, max(len(records[s]) for s in statics)))]
-                per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
-                                 "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": float("nan"),
-                                 "fallbacks": 0, "frames": len(oracle)}
-                complete = [s for s in statics if not per[s]["fell_behind"]] or statics
-                best_static = min(complete, key=lambda s: per[s]["mean_ms"])
-                per["ratios"] = {"best_static": best_static,
-                                 "best_static_over_adaptive": per[best_static]["mean_ms"] / per["adaptive"]["mean_ms"],
-                                 "adaptive_over_oracle": per["adaptive"]["mean_ms"] / per["oracle"]["mean_ms"]}
-                results["traces"][trace.stem] = per
-                rows = [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}",
-                         "-" if math.isnan(v["bytes_per_frame"]) else f"{v['bytes_per_frame'] / 1024:.1f}",
-                         v["fallbacks"], f"{v['frames']}{' (fell behind)' if v.get('fell_behind') else ''}"]
-                        for s, v in per.items() if s != "ratios"]
-                table(f"{trace.stem}: best static {best_static}; static/adaptive "
-                      f"{per['ratios']['best_static_over_adaptive']:.2f}, adaptive/oracle "
-                      f"{per['ratios']['adaptive_over_oracle']:.2f}",
-                      ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "fallbacks", "frames"], rows)
+                results["traces"][trace.stem] = summarise(trace.stem, records, statics, int(args.seconds * args.fps))
         finally:
             cloud.terminate()
             cloud.wait(30)
+    finish(results)
+
+
+def finish(results: dict) -> None:
+    """The summary over traces, the JSON and the plot."""
     r = [v["ratios"] for v in results["traces"].values()]
     if r:
         geo = math.exp(statistics.mean(math.log(x["best_static_over_adaptive"]) for x in r))

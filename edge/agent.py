@@ -92,6 +92,9 @@ class EdgeAgent:
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
         # even while they are not used, since encoding an image costs a few ms on any device
         self._input_only = [i for i, c in enumerate(self.plan.candidates) if c.edge is None and not c.local]
+        whole = self._whole_index()
+        if whole is not None and self._input_only:  # exploring between these two is raced (see _process_frame)
+            self.controller.cheap_explore = {whole, *self._input_only}
         self._sized_at = [-float("inf")] * len(self.plan.candidates)
         self.size_every_s = 2.0
         self._prior_ratio = [nominal_ratio(self.input_codec if c.edge is None else self.codec)

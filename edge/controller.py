@@ -9,7 +9,9 @@ ratio). On top of it:
   (an emergency, where the current choice is predicted ``emergency`` times worse than the best,
   switches at once);
 * exploration: every ``explore_every_s`` a candidate not used for a while, predicted within
-  ``explore_margin`` of the best, is used for one frame to re-measure it;
+  ``explore_margin`` of the best, is used for one frame to re-measure it (``explore_margin_costly``
+  for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
+  candidates, ``cheap_explore``, but not split cuts);
 * policies: ``latency`` (lowest predicted latency, the default) and ``bytes`` (fewest uplink
   bytes among candidates predicted within ``latency_budget_ms``).
 """
@@ -59,6 +61,8 @@ class Controller:
         self.policy, self.budget = policy, latency_budget_ms
         self.hysteresis, self.min_dwell_s, self.emergency = hysteresis, min_dwell_s, emergency
         self.explore_every_s, self.explore_margin = explore_every_s, explore_margin
+        self.explore_margin_costly = 1.1
+        self.cheap_explore: set[int] = set()  # candidates the caller explores without risking the frame
         n = len(cost_model.ids)
         self._edge = [_Ewma(alpha) for _ in range(n)]  # measured edge ms per candidate
         self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
@@ -75,7 +79,7 @@ class Controller:
         self.current: int | None = None
         self._since = -math.inf
         self._last_used = [-math.inf] * n
-        self._last_explore = 0.0
+        self._last_explore: float | None = None
 
     # ------------------------------------------------------------------ observations
     def observe_edge(self, i: int, ms: float) -> None:
@@ -143,10 +147,11 @@ class Controller:
         for i, over in enumerate(self._overhead):
             recent = [ms for at, ms in over if now - at <= self.overhead_window_s]
             if recent and not self.cm.local[i]:
-                # one or two samples may be a cold start (the connection's first frame): the least
-                # of them until there are three, then the median
-                typical = min(recent) if len(recent) < 3 else statistics.median(recent)
-                pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
+                # one sample may be a cold start (the connection's first frame): none counts alone,
+                # the least of two, then the median
+                if len(recent) >= 2:
+                    typical = min(recent) if len(recent) < 3 else statistics.median(recent)
+                    pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
         return pred
 
     # ------------------------------------------------------------------ the choice
@@ -175,8 +180,12 @@ class Controller:
             if not urgent and not (better and dwell >= self.min_dwell_s):
                 choice = cur
         explore = False
+        if self._last_explore is None:  # start-up measured every segment: the first exploration waits
+            self._last_explore = now
         if now - self._last_explore >= self.explore_every_s:
-            stale = [i for i in idx if i != choice and pred[i] <= pred[choice] * self.explore_margin
+            stale = [i for i in idx if i != choice
+                     and pred[i] <= pred[choice] * (self.explore_margin if i in self.cheap_explore
+                                                    else self.explore_margin_costly)
                      and now - self._last_used[i] >= self.explore_every_s]
             if stale:
                 choice = min(stale, key=lambda i: self._last_used[i])

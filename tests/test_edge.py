@@ -287,6 +287,7 @@ def test_measured_overhead_is_added_robustly_and_expires(yolo_plan):
     i = cm.ids.index("cloud")
     base = c.predict(10.0, 20.0, now=0.0)[i]
     c.observe_overhead(i, 500.0, now=0.0)  # a cold first frame
+    assert c.predict(10.0, 20.0, now=0.05)[i] == pytest.approx(base)  # one sample alone does not count
     c.observe_overhead(i, 60.0, now=0.1)
     assert c.predict(10.0, 20.0, now=0.2)[i] == pytest.approx(base + 40.0)  # the least of two, beyond the RTT
     c.observe_overhead(i, 70.0, now=0.3)
