@@ -454,7 +454,31 @@ def build_parser() -> argparse.ArgumentParser:
                     help="make this machine stand for a device N times slower (demos, tests)")
     er.add_argument("--json", action="store_true")
     er.set_defaults(fn=_cmd_edge_run)
+
+    d = sub.add_parser("demo", help="the traffic-camera demo: cloud, link emulator, edge and a live dashboard")
+    d.add_argument("--headless", action="store_true", help="no dashboard: run --frames frames, print a summary")
+    d.add_argument("--frames", type=int, default=None, help="stop after N frames (headless default 300)")
+    d.add_argument("--source", metavar="VIDEO", help="a video file (PyAV); default: a rendered road")
+    d.add_argument("--model", metavar="DETECTOR.onnx", help="a YOLOv8-style detector [1, 4+classes, N]")
+    d.add_argument("--classes", metavar="FILE", help="class names, one per line (default: the model's metadata)")
+    link = d.add_mutually_exclusive_group()
+    link.add_argument("--trace", metavar="CSV", help="replay a time_s,mbps bandwidth trace (default: embedded)")
+    link.add_argument("--bandwidth", metavar="RATE", help="a constant link, e.g. 5mbit")
+    d.add_argument("--cloud", metavar="tcp://H:P", help="use a running cloud service instead of a local one")
+    d.add_argument("--fps", type=float, default=10.0)
+    d.add_argument("--slowdown", type=float, default=4.0, help="the edge device is N times slower than this machine")
+    d.add_argument("--http", default="127.0.0.1:8000", metavar="HOST:PORT", help="the dashboard's address")
+    d.add_argument("--json", action="store_true", help="end with one JSON object (the summary)")
+    d.set_defaults(fn=_cmd_demo)
     return p
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demos.traffic_camera.app import parse_args_into_config, run_demo
+
+    if args.headless and args.frames is None:
+        args.frames = 300
+    return run_demo(parse_args_into_config(args), headless=args.headless, as_json=args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
