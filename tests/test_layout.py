@@ -15,10 +15,10 @@ from conftest import REPO
 PARTS = ("edge", "cloud", "splitter", "transport")
 # folder -> the parts it must never import (DEVELOPERS.md)
 FORBIDDEN = {
-    "transport": {"edge", "cloud", "splitter"},
-    "splitter": {"edge", "cloud", "transport"},
-    "edge": {"cloud"},
-    "cloud": {"edge"},
+    "transport": {"edge", "cloud", "splitter", "demos"},
+    "splitter": {"edge", "cloud", "transport", "demos"},
+    "edge": {"cloud", "demos"},
+    "cloud": {"edge", "demos"},
 }
 # what the shared root may be imported for by transport: only these modules
 TRANSPORT_MAY_USE = {"errors", "_types"}
@@ -127,7 +127,8 @@ def test_every_error_derives_from_the_root():
 
 
 def _modules():
-    for folder, pkg in [("core", "splitinfer"), *((p, f"splitinfer.{p}") for p in PARTS)]:
+    for folder, pkg in [("core", "splitinfer"), *((p, f"splitinfer.{p}") for p in PARTS),
+                        ("demos", "splitinfer.demos"), ("demos/traffic_camera", "splitinfer.demos.traffic_camera")]:
         for path in sorted((REPO / folder).glob("*.py")):
             if path.name == "__main__.py":
                 continue

@@ -6,9 +6,9 @@ with depth; each class has its own silhouette (a car's cabin, a bus's window ban
 and cargo box, a motorbike's rider), colours vary, nearer vehicles occlude farther ones, and
 every sequence has its own light (day, dusk, overcast), road tone and sensor noise.
 
-Ground truth is exact: each vehicle's box is its drawn extent, and a box whose vehicle is hidden
-by more than ``max_occlusion`` of its area (by the ones in front) is left out, as an annotator
-would.
+Ground truth is exact: each vehicle's box is its drawn extent; a box whose vehicle is hidden
+by more than ``max_occlusion`` of its area (by the ones in front), or smaller than ``min_box``
+pixels (too far away), is left out, as an annotator would.
 
 >>> scene = TrafficScene(size=320, seed=1)
 >>> image, boxes, classes = scene.step()     # (320, 320, 3) uint8, (N, 4) xyxy pixels, (N,) int
@@ -50,9 +50,9 @@ class TrafficScene:
     """One camera's endless road. ``step()`` advances ``1 / fps`` seconds and renders a frame."""
 
     def __init__(self, size: int = 640, *, seed: int = 0, lanes: int = 4, fps: float = 10.0,
-                 density: float = 1.0, max_occlusion: float = 0.7) -> None:
+                 density: float = 1.0, max_occlusion: float = 0.7, min_box: float = 6.0) -> None:
         self.size, self.lanes, self.fps, self.density = size, lanes, fps, density
-        self.max_occlusion = max_occlusion
+        self.max_occlusion, self.min_box = max_occlusion, min_box
         self.rng = np.random.default_rng(seed)
         r = self.rng
         # the camera: height above the road, pitch, focal length; where the horizon falls
@@ -203,7 +203,7 @@ class TrafficScene:
         out_b, out_c = [], []
         for k, (box, cls) in enumerate(zip(boxes, classes), start=1):
             x0, y0, x1, y1 = np.clip(box, 0, s)
-            if x1 - x0 < 3 or y1 - y0 < 3:
+            if x1 - x0 < self.min_box or y1 - y0 < self.min_box:  # too far to annotate
                 continue
             drawn = visible[k]
             full = self._drawn_area(order[k - 1])
