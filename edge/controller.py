@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..splitter.cost_model import CostModel
 
 __all__ = ["Controller", "Choice", "POLICIES"]
@@ -98,7 +100,8 @@ class Controller:
         """A remote frame's time beyond its uplink transfer and the cloud's queue and compute: the
         RTT, the result's way back, decoding at both ends, a busy device's scheduling. The model
         charges the base RTT and the result bytes for it; what a candidate really costs on top
-        (median of its last frames, robust to one frame that waited behind another) is added."""
+        (the lower quartile of its last frames, robust to a cold start or a frame that waited
+        behind another) is added."""
         self._overhead[i].append((time.monotonic() if now is None else now, ms))
 
     def observe_result(self, i: int, nbytes: int) -> None:
@@ -147,10 +150,10 @@ class Controller:
         for i, over in enumerate(self._overhead):
             recent = [ms for at, ms in over if now - at <= self.overhead_window_s]
             if recent and not self.cm.local[i]:
-                # one sample may be a cold start (the connection's first frame): none counts alone,
-                # the least of two, then the median
+                # the first frames of a connection can be slow (cold): the lower quartile, and not
+                # from one sample alone, so they do not hold a good candidate back
                 if len(recent) >= 2:
-                    typical = min(recent) if len(recent) < 3 else statistics.median(recent)
+                    typical = float(np.percentile(recent, 25))
                     pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
         return pred
 

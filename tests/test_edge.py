@@ -289,9 +289,11 @@ def test_measured_overhead_is_added_robustly_and_expires(yolo_plan):
     c.observe_overhead(i, 500.0, now=0.0)  # a cold first frame
     assert c.predict(10.0, 20.0, now=0.05)[i] == pytest.approx(base)  # one sample alone does not count
     c.observe_overhead(i, 60.0, now=0.1)
-    assert c.predict(10.0, 20.0, now=0.2)[i] == pytest.approx(base + 40.0)  # the least of two, beyond the RTT
+    c.observe_overhead(i, 400.0, now=0.2)  # cold, too
     c.observe_overhead(i, 70.0, now=0.3)
-    assert c.predict(10.0, 20.0, now=0.4)[i] == pytest.approx(base + 50.0)  # then the median
+    c.observe_overhead(i, 70.0, now=0.35)
+    # the lower quartile of (60, 70, 70, 400, 500) is 70: the cold frames do not count, beyond the RTT
+    assert c.predict(10.0, 20.0, now=0.4)[i] == pytest.approx(base + 50.0)
     assert c.predict(10.0, 20.0, now=0.4 + c.overhead_window_s)[i] == pytest.approx(base)  # stale: the model again
 
 
