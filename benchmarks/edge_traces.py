@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import re
 import statistics
 import subprocess

@@ -19,7 +19,6 @@ ratio). On top of it:
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Collection, Sequence

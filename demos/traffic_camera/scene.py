@@ -190,7 +190,7 @@ class TrafficScene:
         ids = Image.new("I", (s, s), 0)
         di = ImageDraw.Draw(ids)
         order = sorted(self.vehicles, key=lambda v: -v.z)  # far first: near ones occlude them
-        boxes, classes, areas = [], [], []
+        boxes, classes = [], []
         for k, v in enumerate(order, start=1):
             color = tuple(int(c) for c in np.clip(v.color, 0, 255))
             self._draw_vehicle(d, v, color)
