@@ -359,6 +359,8 @@ class EdgeAgent:
         if self.pinned is None:
             encoded = self._sample_sizes(inputs, only_unmeasured=True)  # the first frame: a few ms, once
         bw = self.monitor.estimate_mbps()
+        if self._prober is not None:  # an overdue probe bounds the rate from above
+            bw = min(bw, self._prober.rate_bound_mbps())
         # frames and probes ahead of this one on the uplink
         ahead = self._inflight_bytes + (self._prober.inflight_bytes if self._prober is not None else 0)
         backlog_ms = ahead * 8 / (max(bw, 1e-3) * 1e3)

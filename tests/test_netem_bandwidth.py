@@ -209,3 +209,20 @@ def test_restart_schedule_replays_the_trace_from_its_start():
             emu.restart_schedule()
             return emu.rate_mbps()
     assert arun(main(), timeout=10) == 10.0
+
+
+def test_an_unanswered_probe_bounds_the_rate():
+    now = [100.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    sent = []
+
+    async def send(ping):
+        sent.append(ping)
+
+    prober = ActiveProber(mon, send)
+    assert prober.rate_bound_mbps() == float("inf")
+    arun(prober.probe())
+    now[0] += 2.0  # two seconds and no pong: the link carried less than the probe in that time
+    bound = prober.rate_bound_mbps()
+    assert bound == pytest.approx(sent[0].padding * 8 / 2.0 / 1e6, rel=0.01)
+    assert bound < mon.estimate_mbps()

@@ -156,6 +156,13 @@ class ActiveProber:
         self._inflight: dict[int, tuple[float, int]] = {}  # seq -> (sent at, bytes)
         self.last_probe_mbps = 0.0
 
+    def rate_bound_mbps(self, now: float | None = None) -> float:
+        """What unanswered probes say: a probe of n bytes sent t seconds ago and not yet answered
+        means the link carried less than n bytes in t seconds (inf when none is outstanding). At
+        start-up, before any sample, this is all there is to know of a dead link."""
+        now = self.monitor.clock() if now is None else now
+        return min((n * 8 / max(now - at, 1e-3) / 1e6 for at, n in self._inflight.values()), default=math.inf)
+
     @property
     def inflight_bytes(self) -> int:
         """Probe bytes sent and not yet answered: they are ahead of any frame on the uplink."""
