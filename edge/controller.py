@@ -72,6 +72,8 @@ class Controller:
         self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
         self._overhead: list[deque[tuple[float, float]]] = [deque(maxlen=9) for _ in range(n)]  # (time, ms)
         self.overhead_window_s = 10.0
+        self.cold_frames = 2  # per candidate, not counted in its overhead
+        self._seen = [0] * n
         self._queue = _Ewma(alpha)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
@@ -99,8 +101,12 @@ class Controller:
         """A remote frame's time beyond its uplink transfer and the cloud's queue and compute: the
         RTT, the result's way back, decoding at both ends, a busy device's scheduling. The model
         charges the base RTT and the result bytes for it; what a candidate really costs on top
-        (the lower quartile of its last frames, robust to a cold start or a frame that waited
-        behind another) is added."""
+        (the lower quartile of its last frames, robust to a frame that waited behind another) is
+        added. A candidate's first ``cold_frames`` frames are not counted: on a small device they
+        pay for code paths running for the first time."""
+        self._seen[i] += 1
+        if self._seen[i] <= self.cold_frames:  # a candidate's first frames pay for cold code paths
+            return
         self._overhead[i].append((time.monotonic() if now is None else now, ms))
 
     def observe_result(self, i: int, nbytes: int) -> None:

@@ -286,6 +286,9 @@ def test_measured_overhead_is_added_robustly_and_expires(yolo_plan):
     c = Controller(cm)
     i = cm.ids.index("cloud")
     base = c.predict(10.0, 20.0, now=0.0)[i]
+    for _ in range(c.cold_frames):  # a candidate's first frames are not counted
+        c.observe_overhead(i, 5000.0, now=0.0)
+    assert c.predict(10.0, 20.0, now=0.0)[i] == pytest.approx(base)
     c.observe_overhead(i, 500.0, now=0.0)  # a cold first frame
     assert c.predict(10.0, 20.0, now=0.05)[i] == pytest.approx(base)  # one sample alone does not count
     c.observe_overhead(i, 60.0, now=0.1)
