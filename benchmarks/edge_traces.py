@@ -211,7 +211,9 @@ def main() -> None:
                     recs = asyncio.run(run_strategy(plan_dir, port, trace, args, strategy, cgroup,
                                                     keep / f"{trace.stem}.{strategy}.jsonl"))
                     records[strategy] = recs
-                results["traces"][trace.stem] = summarise(trace.stem, records, statics, int(args.seconds * args.fps))
+                if statics:  # (adaptive alone: records only; --from-records joins them to earlier statics)
+                    results["traces"][trace.stem] = summarise(trace.stem, records, statics,
+                                                              int(args.seconds * args.fps))
         finally:
             cloud.terminate()
             cloud.wait(30)
