@@ -283,20 +283,31 @@ class EdgeAgent:
             for v in zeros.values():
                 encode_tensor(v, self.input_codec)
 
-    def _sample_sizes(self, inputs: Mapping[str, np.ndarray],
-                      only_unmeasured: bool = False) -> dict[int, dict[str, Encoded]]:
-        """Encode the frame as each all-cloud candidate would send it, to keep its wire size (the
-        cost model's byte ratio) true while it is not in use: without it a candidate never tried
-        is judged by a prior forever. Returns the encodings (reused if the frame goes that way)."""
+    def _due_for_sizing(self, only_unmeasured: bool = False) -> list[int]:
+        """All-cloud candidates whose wire size should be measured on this frame (and marks them)."""
         now = time.monotonic()
-        done = {}
-        for i in self._input_only:
-            if (only_unmeasured and self._sized_at[i] > -float("inf")) or now - self._sized_at[i] < self.size_every_s:
-                continue
+        due = [i for i in self._input_only if not (only_unmeasured and self._sized_at[i] > -float("inf"))
+               and now - self._sized_at[i] >= self.size_every_s]
+        for i in due:
             self._sized_at[i] = now
-            done[i] = {t.name: encode_tensor(inputs[t.name], self.input_codec) for t in self.plan.candidates[i].cut}
-            self.controller.observe_bytes(i, sum(e.nbytes for e in done[i].values()))
-        return done
+        return due
+
+    def _encode_inputs(self, due: list[int], inputs: Mapping[str, np.ndarray]) -> dict[int, dict[str, Encoded]]:
+        return {i: {t.name: encode_tensor(inputs[t.name], self.input_codec) for t in self.plan.candidates[i].cut}
+                for i in due}
+
+    def _observe_sizes(self, encoded: dict[int, dict[str, Encoded]]) -> None:
+        """Encoding the frame as an all-cloud candidate would send it keeps that candidate's wire
+        size (the cost model's byte ratio) true while it is not in use: without it a candidate
+        never tried would be judged by a prior forever."""
+        for i, enc in encoded.items():
+            self.controller.observe_bytes(i, sum(e.nbytes for e in enc.values()))
+
+    async def _sample_sizes_later(self, inputs: Mapping[str, np.ndarray]) -> None:
+        due = self._due_for_sizing()
+        if due:  # on the device's thread, after the frame: a JPEG is a few ms
+            enc = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode_inputs, due, inputs)
+            self._observe_sizes(enc)
 
     def _whole_index(self) -> int | None:
         """The all-edge candidate that runs the whole model from the plan's inputs, if any."""
@@ -345,8 +356,7 @@ class EdgeAgent:
                        captured: float | None = None) -> FrameResult:
         r = await self._process_frame(index, inputs, captured)
         if self.pinned is None and self._input_only and r.placement != "cloud":
-            # after the frame, on the device's thread: the all-cloud candidates' current size
-            self._spawn(asyncio.get_running_loop().run_in_executor(self._executor, self._sample_sizes, inputs))
+            self._spawn(self._sample_sizes_later(inputs))
         return r
 
     async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],
@@ -357,7 +367,9 @@ class EdgeAgent:
         cloud_ok = self.connected and self.breaker.allows(now)
         encoded: dict[int, dict[str, Encoded]] = {}
         if self.pinned is None:
-            encoded = self._sample_sizes(inputs, only_unmeasured=True)  # the first frame: a few ms, once
+            # the first frame: a few ms, once (the encoding is reused if the frame goes that way)
+            encoded = self._encode_inputs(self._due_for_sizing(only_unmeasured=True), inputs)
+            self._observe_sizes(encoded)
         bw = self.monitor.estimate_mbps()
         if self._prober is not None:  # an overdue probe bounds the rate from above
             bw = min(bw, self._prober.rate_bound_mbps())

@@ -6,6 +6,7 @@ result, in order."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 import numpy as np
@@ -101,8 +102,10 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
     slow = [c for p, c, _ in log if p == "slow"]
     back = [c for p, c, _ in log if p == "back"]
     work = {c.id: c.flops_edge for c in plan.candidates}  # how much of the model runs on the edge
-    assert fast[-1] != "edge", fast  # 50 Mbit/s: something goes to the cloud
-    deeper = [work[c] > work[fast[-1]] for c in slow]
+    # the choice at 50 Mbit/s: the most frequent of the last frames (one frame may meet a busy machine)
+    settled = collections.Counter(fast[-5:]).most_common(1)[0][0]
+    assert settled != "edge", fast  # 50 Mbit/s: something goes to the cloud
+    deeper = [work[c] > work[settled] for c in slow]
     assert all(deeper[-3:]), slow  # 1 Mbit/s: the cut has moved toward the edge...
     assert deeper.index(True) <= 8, slow  # ...within a few frames
     assert work[back[-1]] < work[slow[-1]], back  # and back when the link recovers

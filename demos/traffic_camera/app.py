@@ -142,11 +142,35 @@ class TrafficDemo:
         self.state: dict[str, Any] = {"frames": 0, "counts": {c: 0 for c in self.classes}, "cut": None,
                                       "fallbacks": 0, "bytes": 0, "history": [], "started": time.time()}
         self.latencies: list[float] = []
+        # headless: frames and detections kept to score them against the whole model afterwards
+        self.kept: list[tuple[np.ndarray, np.ndarray]] = []
+        self.keep_frames = 0
         self.cuts: collections.Counter[str] = collections.Counter()
         self.plan: Any = None
         self.emu: Any = None
 
     # ------------------------------------------------------------------ the pipeline
+    def agreement_with_whole_model(self) -> float | None:
+        """mAP@0.5 of the detections the demo produced (split, codecs, fallbacks and all) against
+        the whole model's own detections on the same frames: what splitting cost in accuracy."""
+        if not self.kept:
+            return None
+        import onnxruntime as ort
+
+        from ...postprocess import yolo_detections
+        from .metrics import average_precision
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(str(self.plan.model_file), opts)
+        name = self.plan.inputs[0].name
+        reference = []
+        for img, _ in self.kept:
+            x = (img.astype(np.float32).transpose(2, 0, 1)[None] / 255.0).astype(np.float32)
+            d = yolo_detections(sess.run(None, {name: x})[0])[0]
+            reference.append((d[:, :4], d[:, 5].astype(np.int64)))
+        return average_precision([det for _, det in self.kept], reference, len(self.classes))[0]
+
     async def run(self, headless: bool = False, on_ready: Any = None) -> dict[str, Any]:
         from ...cloud import CloudService
         from ...edge import EdgeAgent
@@ -210,6 +234,8 @@ class TrafficDemo:
         async for r in agent.stream(frames(), fps=cfg.fps):
             img = images.pop(r.index)
             det = r.outputs.get("detections", np.zeros((0, 6), np.float32))
+            if len(self.kept) < self.keep_frames:
+                self.kept.append((img, det))
             d = sv.Detections(xyxy=det[:, :4].astype(np.float32), confidence=det[:, 4],
                               class_id=det[:, 5].astype(int))
             d = tracker.update(d)
@@ -322,6 +348,8 @@ class TrafficDemo:
 def run_demo(config: DemoConfig, *, headless: bool, as_json: bool) -> int:
     """``splitinfer demo``: run until the frames are done or Ctrl-C; print the summary."""
     demo = TrafficDemo(config)
+    if headless:
+        demo.keep_frames = min(config.frames or 0, 1000)
 
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -342,6 +370,10 @@ def run_demo(config: DemoConfig, *, headless: bool, as_json: bool) -> int:
         return result
 
     summary = asyncio.run(main())
+    summary["link"] = (f"{config.bandwidth_mbps:g} Mbit/s" if config.bandwidth_mbps is not None
+                       else Path(config.trace).name if config.trace else "embedded trace")
+    if headless:
+        summary["map50_vs_whole_model"] = demo.agreement_with_whole_model()
     _print_summary(summary, as_json)
     return 0
 
@@ -361,6 +393,8 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     t.add_row("cuts used", ", ".join(f"{k}: {v}" for k, v in summary["cuts"].items()))
     t.add_row("bytes per frame", f"{summary['bytes_per_frame'] / 1024:.1f} KiB")
     t.add_row("fallbacks", str(summary["fallbacks"]))
+    if summary.get("map50_vs_whole_model") is not None:
+        t.add_row("mAP@0.5 vs the whole model", f"{summary['map50_vs_whole_model']:.3f}")
     Console().print(t)
     if as_json:
         print(json.dumps(summary), flush=True)
