@@ -79,8 +79,8 @@ class DemoConfig:
     bandwidth_mbps: float | None = None
     cloud: str | None = None  # a remote cloud service (tcp://…) instead of a local one
     frames: int | None = None
-    fps: float = 10.0
-    slowdown: float = 4.0  # the edge device is this many times slower than this machine
+    fps: float = 8.0
+    slowdown: float = 8.0  # the edge device is this many times slower than this machine
     delay_ms: float = 20.0
     http: tuple[str, int] = ("127.0.0.1", 8000)
     seed: int = 7
