@@ -92,9 +92,9 @@ class EdgeAgent:
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
         # even while they are not used, since encoding an image costs a few ms on any device
         self._input_only = [i for i, c in enumerate(self.plan.candidates) if c.edge is None and not c.local]
-        whole = self._whole_index()
-        if whole is not None and self._input_only:  # exploring between these two is raced (see _process_frame)
-            self.controller.cheap_explore = {whole, *self._input_only}
+        self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
+        if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
+            self.controller.cheap_explore = {self._whole, *self._input_only}
         self._sized_at = [-float("inf")] * len(self.plan.candidates)
         self.size_every_s = 2.0
         self._prior_ratio = [nominal_ratio(self.input_codec if c.edge is None else self.codec)
@@ -320,8 +320,7 @@ class EdgeAgent:
     def _whole_model(self) -> str:
         """The file that runs the whole model locally: the all-edge candidate's segment when the
         plan has one (the same graph, and its session is already loaded), else the plan's model."""
-        k = self._whole_index()
-        edge = self.plan.candidates[k].edge if k is not None else None
+        edge = self.plan.candidates[self._whole].edge if self._whole is not None else None
         return str(self.plan.file(edge)) if edge is not None else str(self.plan.model_file)
 
     def _backend(self, path: str) -> Backend:
@@ -390,7 +389,7 @@ class EdgeAgent:
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
         # Exploring thus costs device time, not latency.
-        whole = self._whole_index()
+        whole = self._whole
         race = False
         if explore and cloud_ok and whole is not None:
             cur = self.controller.current
@@ -416,22 +415,27 @@ class EdgeAgent:
             return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore,
                                conditions=conditions)
         cut = cand.cut_feed(inputs, eout)
+        closed = False
 
         async def local() -> dict[str, np.ndarray]:
             # finish on the device: the cloud segment on the cut we have, or the whole model
             if cand.edge is None:
-                out, timings["local_ms"] = await self._run_local(self._whole_model(), dict(inputs))
+                out, ms = await self._run_local(self._whole_model(), dict(inputs))
                 if whole is not None:  # a real measurement of the all-edge candidate
-                    self.controller.observe_edge(whole, timings["local_ms"])
-                return out
-            assert cand.cloud is not None
-            cout, timings["local_ms"] = await self._run_local(str(self.plan.file(cand.cloud)), cut)
-            return cand.finish(cut, cout, self.plan.output_names)
+                    self.controller.observe_edge(whole, ms)
+            else:
+                assert cand.cloud is not None
+                cout, ms = await self._run_local(str(self.plan.file(cand.cloud)), cut)
+                out = cand.finish(cut, cout, self.plan.output_names)
+            if not closed:  # a raced run that lost finishes after the frame's record is made
+                timings["local_ms"] = ms
+            return out
 
         if cloud_ok or (self.pinned is not None and self.connected):
             result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i), race=race)
         else:
             result, sent, reason = await local(), 0, "cloud unavailable" if not self.connected else "circuit open"
+        closed = True
         batch = int(timings.pop("batch", 1))
         outputs = self._finish(result)
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3

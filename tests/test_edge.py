@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 
 import numpy as np
@@ -36,6 +37,18 @@ def whole(plan, feeds):
 
 def service(plan_dir, port=0):
     return CloudService([plan_dir], listen=("127.0.0.1", port), http=None, advertise=False)
+
+
+@contextlib.asynccontextmanager
+async def warm_cloud_agent(plan_dir, plan, codec):
+    """A cloud service behind a 50 Mbit/s emulated link and an agent pinned to all-cloud that has
+    sent five frames through it."""
+    async with service(plan_dir) as svc:
+        async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+            async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate="cloud", codec=codec) as ag:
+                for k in range(5):
+                    await ag.infer(random_feeds(plan.inputs, seed=k))
+                yield emu, ag
 
 
 def test_results_match_the_whole_model_for_every_pinned_candidate(yolo_plan):
@@ -171,15 +184,11 @@ def test_a_link_outage_costs_a_frame_at_most_its_deadline_plus_local_compute(yol
     plan = Plan.load(yolo_plan)
 
     async def main():
-        async with service(yolo_plan) as svc:
-            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
-                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate="cloud", codec="fp16") as ag:
-                    for k in range(5):
-                        await ag.infer(random_feeds(plan.inputs, seed=k))
-                    emu.outage(5)
-                    t = time.monotonic()
-                    r = await ag.infer(random_feeds(plan.inputs, seed=9))
-                    return r, time.monotonic() - t
+        async with warm_cloud_agent(yolo_plan, plan, "fp16") as (emu, ag):
+            emu.outage(5)
+            t = time.monotonic()
+            r = await ag.infer(random_feeds(plan.inputs, seed=9))
+            return r, time.monotonic() - t
     r, took = arun(main(), timeout=60)
     assert r.fallback and "later than" in r.fallback_reason
     assert took < 1.5  # not the 5 s outage
@@ -191,19 +200,15 @@ def test_a_late_frame_is_hedged_locally_and_its_late_reply_still_measures_the_li
     plan = Plan.load(yolo_plan)
 
     async def main():
-        async with service(yolo_plan) as svc:
-            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
-                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate="cloud", codec="raw") as ag:
-                    for k in range(5):
-                        await ag.infer(random_feeds(plan.inputs, seed=k))
-                    emu.set_rate(0.2)  # 49 KB of raw input: ~2 s on the wire
-                    t = time.monotonic()
-                    r = await ag.infer(random_feeds(plan.inputs, seed=9))
-                    took = time.monotonic() - t
-                    samples = ag.monitor.samples
-                    while ag.monitor.samples == samples:  # the late reply (the test's timeout bounds this)
-                        await asyncio.sleep(0.05)
-                    return r, took, ag.monitor.raw_mbps()
+        async with warm_cloud_agent(yolo_plan, plan, "raw") as (emu, ag):
+            emu.set_rate(0.2)  # 49 KB of raw input: ~2 s on the wire
+            t = time.monotonic()
+            r = await ag.infer(random_feeds(plan.inputs, seed=9))
+            took = time.monotonic() - t
+            samples = ag.monitor.samples
+            while ag.monitor.samples == samples:  # the late reply (the test's timeout bounds this)
+                await asyncio.sleep(0.05)
+            return r, took, ag.monitor.raw_mbps()
     r, took, mbps = arun(main(), timeout=60)
     assert r.fallback and "later than" in r.fallback_reason and r.bytes_sent > 0
     assert took < 1.5
