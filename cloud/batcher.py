@@ -61,13 +61,16 @@ class _Pending:
 class Batcher:
     def __init__(self, run: RunFn, executor: concurrent.futures.Executor, *, batchable: bool = True,
                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS,
-                 max_queue: int = DEFAULT_MAX_QUEUE, on_depth: Callable[[int], None] | None = None) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, on_depth: Callable[[int], None] | None = None,
+                 max_rows: int | None = None) -> None:
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
         self.run, self.executor = run, executor
         self.max_batch_size = max_batch_size if batchable else 1
         self.max_queue_delay_s = max_queue_delay_ms / 1e3
         self.max_queue = max_queue
+        self.max_rows = max_rows or self.max_batch_size  # rows stacked into one run (a bigger request runs alone)
+        self._inflight: list[_Pending] = []  # the batch being run
         self.on_depth = on_depth or (lambda depth: None)
         self._pending: list[_Pending] = []
         self._arrived = asyncio.Event()
@@ -120,7 +123,12 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), left)
                 except asyncio.TimeoutError:
                     break
-            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size:]
+            take, rows = 0, 0
+            while take < min(self.max_batch_size, len(self._pending)) and (
+                    take == 0 or rows + self._pending[take].rows <= self.max_rows):
+                rows += self._pending[take].rows
+                take += 1
+            batch, self._pending = self._pending[:take], self._pending[take:]
             self.on_depth(len(self._pending))
             now = time.monotonic()
             live = []
@@ -142,6 +150,7 @@ class Batcher:
         feeds = batch[0].feeds if len(batch) == 1 else {
             k: np.concatenate([p.feeds[k] for p in batch], 0) for k in batch[0].feeds}
         loop = asyncio.get_running_loop()
+        self._inflight = batch
         try:
             outputs = await loop.run_in_executor(self.executor, self.run, dict(feeds))
         except Exception as exc:
@@ -150,6 +159,8 @@ class Batcher:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
+        finally:
+            self._inflight = []
         compute = time.monotonic() - start
         self._running = False
         self.batches += 1
@@ -159,6 +170,16 @@ class Batcher:
             row += p.rows
             if not p.future.done():
                 p.future.set_result(BatchResult(part, start - p.enqueued, compute, len(batch)))
+
+    def abandon(self, reason: str) -> None:
+        """Fail every request now, queued or running, with :class:`Busy` (``reason``): for a shutdown
+        whose drain ran out of time. A run in progress finishes (or is terminated) unheard."""
+        self._closing = True
+        for p in [*self._pending, *self._inflight]:
+            if not p.future.done():
+                p.future.set_exception(Busy(reason))
+        self._pending.clear()
+        self._arrived.set()
 
     async def aclose(self, *, drain: bool = True) -> None:
         """Stop taking requests; run what is queued (``drain``) or fail it with Busy."""

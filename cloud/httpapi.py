@@ -1,8 +1,13 @@
 """The cloud's HTTP side (aiohttp): health, readiness, Prometheus metrics, the plans served, and
-the WebRTC signalling endpoint."""
+the WebRTC signalling endpoint.
+
+With tokens set, everything but ``/healthz`` and ``/readyz`` needs one, as ``Authorization:
+Bearer TOKEN`` (what Prometheus sends with ``authorization: credentials_file``): the metrics and
+plans say what is served, and an offer costs the service a peer connection."""
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -16,6 +21,23 @@ __all__ = ["make_app"]
 
 
 def make_app(service: "CloudService", webrtc: Any = None) -> web.Application:
+    def authorized(request: web.Request) -> bool:
+        if service.tokens is None:
+            return True
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and any(hmac.compare_digest(token.strip().encode(), t.encode())
+                                                  for t in service.tokens)
+
+    def guarded(handler: Any) -> Any:
+        async def run(request: web.Request) -> web.StreamResponse:
+            if not authorized(request):
+                service.metrics.errors.labels("http_unauthorized").inc()
+                return web.json_response({"error": "this endpoint needs a token: Authorization: Bearer TOKEN"},
+                                         status=401, headers={"WWW-Authenticate": "Bearer"})
+            return await handler(request)  # type: ignore[no-any-return]
+
+        return run
+
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "state": service.state})
 
@@ -34,10 +56,10 @@ def make_app(service: "CloudService", webrtc: Any = None) -> web.Application:
     async def no_webrtc(_: web.Request) -> web.Response:
         return web.json_response({"error": "WebRTC needs the webrtc extra on the cloud"}, status=501)
 
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=128 << 10)  # an SDP offer is a few KiB
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/plans", plans)
-    app.router.add_post("/v1/webrtc/offer", webrtc.aiohttp_handler if webrtc is not None else no_webrtc)
+    app.router.add_get("/metrics", guarded(metrics))
+    app.router.add_get("/v1/plans", guarded(plans))
+    app.router.add_post("/v1/webrtc/offer", guarded(webrtc.aiohttp_handler if webrtc is not None else no_webrtc))
     return app

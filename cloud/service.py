@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
+import ipaddress
 import logging
 import os
 import socket
@@ -29,15 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from .. import __version__
 from .._types import TensorSpec
-from ..errors import ChannelClosed, PlanError, ProtocolError, SplitinferError
+from ..errors import ChannelClosed, ChannelError, PlanError, ProtocolError, SplitinferError
 from ..postprocess import POSTPROCESSORS, postprocess
 from ..splitter.plan import Candidate, Plan
 from ..transport import wire
 from ..transport.channel import Channel
-from ..transport.tcp import TcpServer, server_ssl_context
+from ..transport.budget import PartialBudget
+from ..transport.codecs import Encoded
+from ..transport.ratelimit import RateLimiter
+from ..transport.tcp import DEFAULT_PARTIAL_BYTES, TcpServer, default_max_connections, server_ssl_context
 from .batcher import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_DELAY_MS, Batcher, Busy,
                       DeadlineExceeded)
 from .metrics import Metrics
@@ -47,8 +52,10 @@ __all__ = ["CloudService", "load_tokens", "HELLO_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 10.0  # a connection that says nothing for this long is closed
+HELLO_TIMEOUT_S = 10.0  # a connection whose hello has not arrived whole by then is closed
+IDLE_TIMEOUT_S = 120.0  # a connection that sends nothing for this long is closed (edges ping every few s)
 MAX_INFLIGHT_PER_CONNECTION = 64  # requests one edge may have open; beyond: "busy"
+_DECODE_SLACK = 1 << 16  # bytes over a request's expected decoded size that are tolerated (none are used)
 
 
 def load_tokens(path: str | os.PathLike[str]) -> set[str]:
@@ -83,7 +90,10 @@ class CloudService:
                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_sessions: int = 16, workers: int | None = None,
                  providers: Sequence[str] | None = None, threads: int | None = None,
-                 postprocess: Mapping[str, str] | str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+                 postprocess: Mapping[str, str] | str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
+                 max_connections: int | None = None, max_rows: int | None = None,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 max_partial_bytes: int = DEFAULT_PARTIAL_BYTES) -> None:
         if not plans:
             raise PlanError("the cloud service needs at least one plan")
         self.plans: dict[str, _Served] = {}
@@ -106,6 +116,15 @@ class CloudService:
         self.batch_opts = {"max_batch_size": max_batch_size, "max_queue_delay_ms": max_queue_delay_ms,
                            "max_queue": max_queue}
         self.limits = limits
+        self.max_connections = max_connections or default_max_connections()
+        self.max_rows = max_rows or max_batch_size  # rows one request may carry (batch-dynamic cuts)
+        if self.max_rows < 1:
+            raise SplitinferError(f"max_rows must be >= 1, got {self.max_rows}")
+        self.hello_timeout_s, self.idle_timeout_s = hello_timeout_s, idle_timeout_s
+        self._budget = PartialBudget(max_partial_bytes)
+        self._run_options = ort.RunOptions()  # terminate=True stops runs that outlast a shutdown's drain
+        self._shrink = ort.RunOptions()  # after a multi-row batch the arena gives its memory back
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.pool = SessionPool(max_sessions, providers=providers, threads=threads)
         self.metrics = Metrics()
         self._workers = workers or max(2, min(8, os.cpu_count() or 2))
@@ -117,6 +136,8 @@ class CloudService:
         self._advertiser: Any = None
         self._channels: set[Channel] = set()
         self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._infer_tasks: set[asyncio.Task[None]] = set()
+        self._loop_handler: Any = None
         self._closed = asyncio.Event()
         self.state = "new"  # new -> running -> stopping -> stopped
         self.port = 0
@@ -126,17 +147,68 @@ class CloudService:
     async def start(self) -> "CloudService":
         if self.state != "new":
             raise RuntimeError(f"cannot start a service in state {self.state!r}")
+        if self.tokens is None and not _is_loopback(self.listen[0]):
+            log.warning("serving on %s without a token: any client that knows a plan hash may use this service "
+                        "(give tokens, e.g. --token-file)", self.listen[0])
         self._executor = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="splitinfer-cloud")
-        await self._warm_up()
-        ssl = server_ssl_context(*self.tls) if self.tls else None  # type: ignore[arg-type]
-        self._tcp = await TcpServer.start(self._handle_tcp, self.listen[0], self.listen[1], ssl=ssl, limits=self.limits)
-        self.port = self._tcp.port
-        if self.http_addr is not None:
-            await self._start_http()
+        self._install_log_limiter()
+        try:
+            await self._warm_up()
+            ssl = server_ssl_context(*self.tls) if self.tls else None  # type: ignore[arg-type]
+            # Until a hello is accepted a connection may send only small frames (HELLO_LIMITS).
+            self._tcp = await TcpServer.start(self._handle_tcp, self.listen[0], self.listen[1], ssl=ssl,
+                                              limits=wire.HELLO_LIMITS, max_connections=self.max_connections,
+                                              budget=self._budget)  # one budget for TCP and WebRTC
+            self.port = self._tcp.port
+            if self.http_addr is not None:
+                await self._start_http()
+        except ChannelError as exc:
+            await self._abort_start()
+            what = "--http" if "HTTP" in str(exc) else "--listen"
+            raise ChannelError(f"{exc} ({what})") from exc
+        except BaseException:
+            await self._abort_start()
+            raise
         if self.advertise:
             await self._start_advertising()
         self.state = "running"
         return self
+
+    async def _abort_start(self) -> None:
+        if self._tcp is not None:
+            await self._tcp.aclose()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._restore_log_handler()
+        self.state = "stopped"
+        self._closed.set()
+
+    def _install_log_limiter(self) -> None:
+        """Errors the event loop reports for sockets (accept failing at the fd limit, say) are logged
+        at a bounded rate: a flood of connections must not become a flood of log lines."""
+        loop = asyncio.get_running_loop()
+        limiter = RateLimiter(every_s=1.0, burst=5)
+        previous = loop.get_exception_handler()
+        self._loop_handler = (loop, previous)
+
+        def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            if limiter.allow():
+                if limiter.suppressed:
+                    context = {**context, "message": f"{context.get('message')} "
+                                                     f"({limiter.suppressed} similar messages suppressed)"}
+                    limiter.suppressed = 0
+                (previous or (lambda lp_, ctx: lp_.default_exception_handler(ctx)))(lp, context)
+
+        loop.set_exception_handler(handler)
+
+    def _restore_log_handler(self) -> None:
+        if self._loop_handler is not None:
+            loop, previous = self._loop_handler
+            with contextlib.suppress(Exception):
+                loop.set_exception_handler(previous)
+            self._loop_handler = None
 
     async def _warm_up(self) -> None:
         """Load and run each cloud segment once (up to the session limit) before accepting edges,
@@ -151,7 +223,7 @@ class CloudService:
 
             def run(key: tuple[str, str] = (h, cand.id), path: str = path,
                     feeds: dict[str, np.ndarray] = feeds) -> None:
-                self.pool.get(key, path).run(None, feeds)
+                self.pool.get(key, path).run(None, feeds, self._run_options)
 
             await loop.run_in_executor(self._executor, run)
         self.metrics.sessions.set(self.pool.loaded)
@@ -165,13 +237,19 @@ class CloudService:
         try:
             from ..transport.webrtc import WebRtcAcceptor
 
-            webrtc = self._webrtc = WebRtcAcceptor(self._handle_webrtc, limits=self.limits)
+            webrtc = self._webrtc = WebRtcAcceptor(self._handle_webrtc, limits=wire.HELLO_LIMITS,
+                                                   max_peers=max(1, min(256, self.max_connections // 4)),
+                                                   budget=self._budget)
         except ImportError:  # pragma: no cover - the webrtc extra is absent
             pass
         self._http_runner = web.AppRunner(make_app(self, webrtc), access_log=None)
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, self.http_addr[0], self.http_addr[1])  # type: ignore[index]
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ChannelError(f"cannot listen for HTTP on {self.http_addr[0]}:{self.http_addr[1]}: "  # type: ignore[index]
+                               f"{exc.strerror or exc}") from exc
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def _start_advertising(self) -> None:
@@ -189,7 +267,9 @@ class CloudService:
             log.warning("zeroconf advertising failed: %s", exc)
 
     async def stop(self, *, drain_s: float = 5.0) -> None:
-        """Stop accepting, finish what is queued (at most ``drain_s``), close every channel."""
+        """Stop accepting, finish what is queued (at most ``drain_s``), answer every request still
+        open (its result, or an error ``shutdown``), say bye on every channel and close them.
+        Never raises for a drain that ran out of time: runs still going are terminated."""
         if self.state in ("stopping", "stopped", "new"):
             if self.state == "new":
                 self.state = "stopped"
@@ -201,25 +281,37 @@ class CloudService:
                 await self._advertiser.aclose()
         if self._tcp is not None:
             self._tcp.stop_accepting()  # open connections keep being served while draining
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(b.aclose(drain=True) for b in self._batchers.values())), drain_s)
-        for b in self._batchers.values():
-            await b.aclose(drain=False)
+        if self._webrtc is not None:
+            self._webrtc._closing = True  # no new peers
+        batchers = list(self._batchers.values())
+        drained = asyncio.ensure_future(asyncio.gather(*(b.aclose(drain=True) for b in batchers),
+                                                       return_exceptions=True))
+        done, _ = await asyncio.wait({drained}, timeout=drain_s)
+        if not done:  # out of time: stop the runs still going; their requests are answered "shutdown"
+            self._run_options.terminate = True
+            for b in batchers:
+                b.abandon("the service is shutting down")
+            await asyncio.wait({drained}, timeout=2.0)
+        drained.cancel()
+        if self._infer_tasks:  # every open request sends its reply (or its error) before the bye
+            await asyncio.wait(set(self._infer_tasks), timeout=2.0)
         for ch in list(self._channels):
             with contextlib.suppress(Exception):
-                await ch.send(wire.Bye("shutdown"))
+                await asyncio.wait_for(ch.send(wire.Bye("shutdown")), 1.0)
         if self._tcp is not None:
             await self._tcp.aclose()
         if self._webrtc is not None:
             await self._webrtc.aclose()
-        for t in list(self._conn_tasks):
+        for t in [*self._conn_tasks, *self._infer_tasks]:
             t.cancel()
-        await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        await asyncio.gather(*self._conn_tasks, *self._infer_tasks, return_exceptions=True)
         if self._http_runner is not None:
-            await self._http_runner.cleanup()
+            with contextlib.suppress(Exception):
+                await self._http_runner.cleanup()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
         self.pool.clear()
+        self._restore_log_handler()
         self.state = "stopped"
         self._closed.set()
 
@@ -271,8 +363,9 @@ class CloudService:
 
     async def _hello(self, ch: Channel) -> _Served | None:
         try:
-            msg = await asyncio.wait_for(ch.recv(), HELLO_TIMEOUT_S)
+            msg = await asyncio.wait_for(ch.recv(tensors=False), self.hello_timeout_s)
         except asyncio.TimeoutError:
+            self.metrics.errors.labels("refused_hello_timeout").inc()
             return None
         except ProtocolError as exc:
             await self._refuse(ch, "protocol", f"expected a hello frame: {exc}")
@@ -293,6 +386,7 @@ class CloudService:
                                                for t in self.tokens):
             await self._refuse(ch, "token", "missing token" if not msg.token else "the token is not accepted")
             return None
+        ch.set_limits(self.limits)  # a known peer: frames with tensors from now on
         await ch.send(wire.Welcome(uuid.uuid4().hex[:12], server=f"splitinfer {__version__} {self.name}",
                                    max_frame=self.limits.max_frame, postprocess=served.postprocess or ""))
         return served
@@ -307,7 +401,12 @@ class CloudService:
         try:
             while True:
                 try:
-                    msg = await ch.recv()
+                    msg = await asyncio.wait_for(ch.recv(tensors=False), self.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    self.metrics.errors.labels("idle_timeout").inc()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(ch.send(wire.Bye(f"idle for {self.idle_timeout_s:g} s")), 1.0)
+                    return
                 except ProtocolError as exc:
                     if ch.closed:  # the framing broke: the channel is gone
                         return
@@ -321,6 +420,8 @@ class CloudService:
                     t = asyncio.create_task(self._infer(ch, served, msg))
                     inflight.add(t)
                     t.add_done_callback(inflight.discard)
+                    self._infer_tasks.add(t)
+                    t.add_done_callback(self._infer_tasks.discard)
                 elif isinstance(msg, wire.Ping):
                     await ch.send(wire.Pong(msg.seq, msg.sent_at, recv_ms=msg.info.seconds * 1e3 if msg.info else 0.0,
                                             nbytes=msg.info.nbytes if msg.info else 0))
@@ -339,6 +440,8 @@ class CloudService:
 
     # ------------------------------------------------------------------ inference
     def _check(self, served: _Served, req: wire.InferRequest) -> Candidate:
+        """The request's tensor headers against the candidate's cut: names, dtypes, shapes, rows
+        (``max_rows``). Runs before any payload is decompressed."""
         plan = served.plan
         if req.plan_hash != plan.hash:
             raise _RequestError("unknown_plan", f"request for plan {req.plan_hash[:16]}…, this connection's hello "
@@ -358,15 +461,19 @@ class CloudService:
         rows = None
         for name, arr in req.tensors.items():
             spec: TensorSpec = want[name]
-            ok_dtype = arr.dtype.name == spec.dtype
-            ok_shape = (arr.shape[1:] == spec.shape[1:] and arr.ndim == len(spec.shape) and arr.shape[0] >= 1
-                        if cand.cloud.batch_dynamic else tuple(arr.shape) == spec.shape)
+            dtype, shape = _dtype_shape(arr)
+            ok_dtype = dtype == spec.dtype
+            ok_shape = (shape[1:] == spec.shape[1:] and len(shape) == len(spec.shape) and shape[0] >= 1
+                        if cand.cloud.batch_dynamic else shape == spec.shape)
             if not (ok_dtype and ok_shape):
                 raise _RequestError("shape", f"tensor {name!r}: expected {spec.dtype} {list(spec.shape)}, got "
-                                             f"{arr.dtype.name} {list(arr.shape)}")
-            if rows is not None and arr.shape[0] != rows:
-                raise _RequestError("shape", f"tensor {name!r}: batch {arr.shape[0]} differs from the others' {rows}")
-            rows = arr.shape[0]
+                                             f"{dtype} {list(shape)}")
+            if rows is not None and shape[0] != rows:
+                raise _RequestError("shape", f"tensor {name!r}: batch {shape[0]} differs from the others' {rows}")
+            rows = shape[0]
+        if rows is not None and rows > 1 and rows > self.max_rows:
+            raise _RequestError("bad_request", f"{rows} rows in one request; this service takes at most "
+                                               f"{self.max_rows} (max_rows)")
         return cand
 
     def _batcher(self, plan: Plan, cand: Candidate) -> Batcher:
@@ -380,10 +487,13 @@ class CloudService:
             def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 sess = self.pool.get(key, path)
                 self.metrics.sessions.set(self.pool.loaded)
-                return dict(zip(outputs, sess.run(outputs, feeds)))
+                rows = next(iter(feeds.values())).shape[0] if feeds else 1
+                opts = self._run_options if rows <= 1 or self._run_options.terminate else self._shrink
+                return dict(zip(outputs, sess.run(outputs, feeds, opts)))
 
             depth = self.metrics.queue_depth.labels(plan.hash[:12], cand.id)
             b = self._batchers[key] = Batcher(run, self._executor, batchable=cand.cloud.batch_dynamic,
+                                              max_rows=max(self.max_rows, self.batch_opts["max_batch_size"]),
                                               on_depth=depth.set, **self.batch_opts)
         return b
 
@@ -396,13 +506,21 @@ class CloudService:
             self.metrics.requests.labels(plan.hash[:12], cand.id).inc()
             if self.state != "running":
                 raise _RequestError("shutdown", "the service is shutting down")
+            expected = sum(t.nbytes for t in cand.cut) * (_rows(req.tensors) if cand.cloud and
+                                                          cand.cloud.batch_dynamic else 1)
+            if wire.decoded_nbytes(req.tensors) > expected + _DECODE_SLACK:  # (the check above implies it)
+                raise _RequestError("bad_request", "the request decodes to more than its cut")
+            try:
+                req.tensors = wire.decode_tensors(req.tensors)
+            except ProtocolError as exc:
+                raise _RequestError("bad_request", str(exc)) from None
             deadline = received + req.deadline_ms / 1e3 if req.deadline_ms is not None else None
             if deadline is not None and time.monotonic() > deadline:
                 raise _RequestError("deadline", f"the deadline ({req.deadline_ms:.1f} ms) passed on arrival")
             try:
                 res = await self._batcher(plan, cand).submit(req.tensors, deadline=deadline)
             except Busy as exc:
-                raise _RequestError("busy", str(exc)) from None
+                raise _RequestError("busy" if self.state == "running" else "shutdown", str(exc)) from None
             except DeadlineExceeded as exc:
                 raise _RequestError("deadline", str(exc)) from None
             outputs = cand.finish(req.tensors, res.outputs, plan.output_names)
@@ -422,6 +540,9 @@ class CloudService:
         except ChannelClosed:
             pass
         except Exception as exc:  # a bug or a runtime failure: the sender hears of it, others go on
+            if self.state != "running":  # a run terminated by the shutdown
+                await self._error(ch, req.request_id, "shutdown", "the service is shutting down")
+                return
             log.exception("request %s failed", req.request_id)
             await self._error(ch, req.request_id, "internal", f"{type(exc).__name__}: {exc}")
 
@@ -432,6 +553,26 @@ class CloudService:
                  "candidates": [{"id": c.id, "kind": c.kind, "cut": [t.to_json() for t in c.cut],
                                  "batch_dynamic": bool(c.cloud and c.cloud.batch_dynamic)} for c in s.plan.candidates]}
                 for h, s in self.plans.items()]
+
+
+def _dtype_shape(t: Any) -> tuple[str, tuple[int, ...]]:
+    """dtype name and shape of an ndarray or an (undecoded) Encoded tensor."""
+    if isinstance(t, Encoded):
+        return t.dtype, tuple(t.shape)
+    return t.dtype.name, tuple(t.shape)
+
+
+def _rows(tensors: Mapping[str, Any]) -> int:
+    for t in tensors.values():
+        return int(_dtype_shape(t)[1][0]) if _dtype_shape(t)[1] else 1
+    return 1
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _primary_address() -> str:

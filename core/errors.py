@@ -23,7 +23,9 @@ libraries underneath (onnx, onnxruntime, protobuf, sockets) are translated at th
     │   └── TensorError            dtype not allowed, shape and byte length disagree, bad codec
     └── ChannelError               a channel cannot carry frames
         ├── ChannelClosed          the peer closed or the connection was lost
+        ├── TlsError               the TLS handshake failed (an untrusted certificate, say)
         └── RefusedError           the peer refused our hello (version, plan, token)
+    MissingExtraError              a feature needs an optional extra that is not installed
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ __all__ = [
     "TensorError",
     "ChannelError",
     "ChannelClosed",
+    "TlsError",
     "RefusedError",
+    "MissingExtraError",
 ]
 
 
@@ -134,3 +138,15 @@ class RefusedError(ChannelError):
     def __init__(self, message: str, reason: str = "refused") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class TlsError(ChannelError):
+    """The TLS handshake failed: the server's certificate is not trusted, or the peers disagree."""
+
+
+class MissingExtraError(SplitinferError):
+    """A feature needs an optional extra that is not installed; ``extra`` names it."""
+
+    def __init__(self, message: str, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra

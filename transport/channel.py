@@ -31,9 +31,14 @@ class Channel(abc.ABC):
         Raises :class:`~splitinfer.errors.ChannelClosed` if the channel is closed."""
 
     @abc.abstractmethod
-    async def recv(self) -> Message:
+    async def recv(self, *, tensors: bool = True) -> Message:
         """The next message, with ``info`` set. Raises :class:`~splitinfer.errors.ChannelClosed`
-        when the peer closed, or a :class:`~splitinfer.errors.ProtocolError` for a bad frame."""
+        when the peer closed, or a :class:`~splitinfer.errors.ProtocolError` for a bad frame.
+        With ``tensors=False`` tensor payloads stay encoded (see :func:`~splitinfer.transport.wire.decode`)."""
+
+    def set_limits(self, limits: Limits) -> None:
+        """What frames received from now on may be (a server widens them once a hello is accepted)."""
+        self.limits = limits
 
     @abc.abstractmethod
     async def aclose(self) -> None:

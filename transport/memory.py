@@ -35,7 +35,7 @@ class MemoryChannel(Channel):
         await self._outbox.put((frame, info))
         return info
 
-    async def recv(self) -> Message:
+    async def recv(self, *, tensors: bool = True) -> Message:
         if self._closed:
             raise ChannelClosed(f"{self!r}: recv on a closed channel")
         item = await self._inbox.get()
@@ -43,7 +43,7 @@ class MemoryChannel(Channel):
             self._closed = True
             raise ChannelClosed(f"{self!r}: the peer closed the channel")
         frame, info = item  # type: ignore[misc]
-        return decode(frame, limits=self.limits, info=info)
+        return decode(frame, limits=self.limits, info=info, tensors=tensors)
 
     async def aclose(self) -> None:
         if not self._closed:

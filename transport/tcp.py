@@ -19,16 +19,19 @@ import logging
 import ssl as _ssl
 import struct
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import ChannelClosed, ChannelError, LimitError
+from ..errors import ChannelClosed, ChannelError, LimitError, TlsError
+from .budget import PartialBudget
 from .channel import Channel
+from .ratelimit import RateLimiter
 from .wire import DEFAULT_LIMITS, FrameInfo, Limits, Message, decode, encode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TcpChannel", "TcpServer", "server_ssl_context", "client_ssl_context"]
+__all__ = ["TcpChannel", "TcpServer", "server_ssl_context", "client_ssl_context", "default_max_connections"]
 
 _LEN = struct.Struct(">I")
 _QUEUE_BYTES = 64 << 20  # received, undecoded frames held before reading pauses
@@ -50,35 +53,60 @@ def client_ssl_context(cafile: str | None = None, *, verify: bool = True) -> _ss
     return ctx
 
 
+_FIRST_CHUNK = 64 << 10  # a frame's receive buffer starts at most this big and doubles as bytes come
+
+
 class _FrameProtocol(asyncio.BufferedProtocol):
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, *, budget: PartialBudget | None = None, frame_idle_s: float | None = None,
+                 on_made: Callable[["_FrameProtocol", asyncio.BaseTransport], None] | None = None) -> None:
         self.limits = limits
         self.transport: asyncio.Transport | None = None
         self._head = bytearray(4)
         self._head_fill = 0
-        self._frame: bytearray | None = None
+        self._frame: bytearray | None = None  # the frame being received: grows as its bytes arrive
+        self._want = 0  # its declared length
         self._fill = 0
         self._first = 0.0
+        self._budget = budget
+        self._frame_idle_s = frame_idle_s
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._on_made = on_made
         self.frames: collections.deque[tuple[bytearray, FrameInfo]] = collections.deque()
         self._queued = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None  # framing error or connection loss
-        self.lost = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.lost = self._loop.create_future()
         self._can_write = asyncio.Event()
         self._can_write.set()
 
     # -- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        on_made, self._on_made = self._on_made, None
+        if on_made is not None:
+            on_made(self, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is None:
             return memoryview(self._head)[self._head_fill:]
+        if self._fill == len(self._frame):  # full but not complete: grow, charged to the budget
+            size = min(self._want, 2 * len(self._frame))
+            if self._budget is not None and not self._budget.charge(self, size - len(self._frame)):
+                self._fail(LimitError(f"{self._budget.held} bytes of partial frames held on this server "
+                                      f"(limit {self._budget.limit}); this frame wants {self._want}"))
+                return memoryview(bytearray(max(sizehint, 4096)))  # a sink for what is already in flight
+            grown = bytearray(size)
+            grown[:self._fill] = self._frame
+            self._frame = grown
         return memoryview(self._frame)[self._fill:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.error is not None:
+            return
         now = time.monotonic()
+        self._touch()
         if self._frame is None:
             if self._head_fill == 0:
                 self._first = now
@@ -91,11 +119,18 @@ class _FrameProtocol(asyncio.BufferedProtocol):
                 self._fail(LimitError(f"frame length {n} is outside (0, {self.limits.max_frame}]; "
                                       "the framing is broken, closing the connection"))
                 return
-            self._frame, self._fill = bytearray(n), 0
+            first = min(n, _FIRST_CHUNK)
+            if self._budget is not None and not self._budget.charge(self, first):
+                self._fail(LimitError(f"{self._budget.held} bytes of partial frames held on this server "
+                                      f"(limit {self._budget.limit})"))
+                return
+            self._frame, self._want, self._fill = bytearray(first), n, 0
             return
         self._fill += nbytes
-        if self._fill == len(self._frame):
+        if self._fill == self._want:
             frame, self._frame = self._frame, None
+            if self._budget is not None:
+                self._budget.release(self)
             self.frames.append((frame, FrameInfo(len(frame) + 4, self._first, now)))
             self._queued += len(frame)
             if self._queued > _QUEUE_BYTES and not self._paused and self.transport is not None:
@@ -103,12 +138,27 @@ class _FrameProtocol(asyncio.BufferedProtocol):
                 self.transport.pause_reading()
             self._wake()
 
+    def _touch(self) -> None:
+        """(Re)arm the timer that drops a connection stalled in the middle of a frame."""
+        if self._frame_idle_s is None:
+            return
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self._loop.call_later(self._frame_idle_s, self._stalled)
+
+    def _stalled(self) -> None:
+        self._idle_timer = None
+        if self._frame is not None or self._head_fill:
+            self._fail(LimitError(f"no byte for {self._frame_idle_s:g} s in the middle of a frame "
+                                  f"({self._fill} of {self._want or '?'} bytes); closing the connection"))
+
     def eof_received(self) -> bool:
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.error is None:
             self.error = ChannelClosed(f"connection lost: {exc}" if exc else "the peer closed the connection")
+        self._release()
         if not self.lost.done():
             self.lost.set_result(None)
         self._can_write.set()
@@ -121,8 +171,25 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._can_write.set()
 
     # -- helpers
+    def _release(self) -> None:
+        """Free what a dead connection holds at once: its partial frame and its queued frames."""
+        self._frame = None
+        self.frames.clear()
+        self._queued = 0
+        if self._budget is not None:
+            self._budget.release(self)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def drop(self, exc: BaseException) -> None:
+        """Close the connection for ``exc`` (a :class:`PartialBudget` drops its biggest holder)."""
+        self._fail(exc)
+
     def _fail(self, exc: BaseException) -> None:
-        self.error = exc
+        if self.error is None:
+            self.error = exc
+        self._release()
         if self.transport is not None:
             self.transport.abort()
         self._wake()
@@ -135,7 +202,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         while not self.frames:
             if self.error is not None:
                 raise self.error
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             await self._waiter
             self._waiter = None
         frame, info = self.frames.popleft()
@@ -162,13 +229,19 @@ class TcpChannel(Channel):
     @classmethod
     async def connect(cls, host: str, port: int, *, ssl: _ssl.SSLContext | None = None,
                       server_hostname: str | None = None, timeout: float = 10.0,
-                      limits: Limits = DEFAULT_LIMITS) -> "TcpChannel":
+                      limits: Limits = DEFAULT_LIMITS, frame_idle_s: float | None = None) -> "TcpChannel":
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(loop.create_connection(
-                lambda: _FrameProtocol(limits), host, port, ssl=ssl,
+                lambda: _FrameProtocol(limits, frame_idle_s=frame_idle_s), host, port, ssl=ssl,
                 server_hostname=server_hostname if ssl else None), timeout)
-        except (OSError, asyncio.TimeoutError, _ssl.SSLError) as exc:
+        except _ssl.SSLCertVerificationError as exc:
+            raise TlsError(f"cannot connect to tls://{host}:{port}: the server's certificate is not trusted "
+                           f"({exc.verify_message or exc}); pass the CA that signed it (--cafile)") from exc
+        except _ssl.SSLError as exc:
+            raise TlsError(f"cannot connect to tls://{host}:{port}: TLS handshake failed: "
+                           f"{exc.reason or exc}") from exc
+        except (OSError, asyncio.TimeoutError) as exc:
             raise ChannelError(f"cannot connect to {'tls' if ssl else 'tcp'}://{host}:{port}: "
                                f"{exc or type(exc).__name__}") from exc
         return cls(proto, f"{'tls' if ssl else 'tcp'}://{host}:{port}")
@@ -191,9 +264,12 @@ class TcpChannel(Channel):
             raise ChannelClosed(f"{self!r}: connection lost while sending") from self._p.error
         return FrameInfo(total + 4, start, time.monotonic())
 
-    async def recv(self) -> Message:
+    async def recv(self, *, tensors: bool = True) -> Message:
         frame, info = await self._p.next_frame()
-        return decode(frame, limits=self.limits, info=info)
+        return decode(frame, limits=self.limits, info=info, tensors=tensors)
+
+    def set_limits(self, limits: Limits) -> None:
+        self.limits = self._p.limits = limits
 
     async def aclose(self) -> None:
         if self._closing:
@@ -210,46 +286,91 @@ class TcpChannel(Channel):
 
 Handler = Callable[[TcpChannel], Awaitable[None]]
 
+DEFAULT_PARTIAL_BYTES = 256 << 20  # partial frames held by one server, all connections together
+DEFAULT_FRAME_IDLE_S = 20.0  # a connection silent this long in the middle of a frame is dropped
+
+
+def default_max_connections() -> int:
+    """Half the process's file-descriptor limit (the rest is for files, HTTP, WebRTC), at most 4096."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return 1024
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(16, min(4096, soft // 2))
+
 
 class TcpServer:
     """Accepts TCP (or TLS) connections and runs ``handler(channel)`` for each in its own task.
-    ``aclose()`` stops accepting, closes every channel and waits for the handlers."""
+    ``aclose()`` stops accepting, closes every channel and waits for the handlers.
+
+    Bounded by construction: at most ``max_connections`` at once (more are closed on accept),
+    receive buffers that grow with the bytes that arrived, at most ``max_partial_bytes`` held in
+    partial frames across all connections, and a connection that stalls for ``frame_idle_s`` in
+    the middle of a frame is dropped."""
 
     def __init__(self) -> None:
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._channels: set[TcpChannel] = set()
         self.host, self.port = "", 0
+        self.max_connections = 0
+        self.rejected = 0  # connections closed on accept because the server was full
 
     @classmethod
     async def start(cls, handler: Handler, host: str = "127.0.0.1", port: int = 0, *,
-                    ssl: _ssl.SSLContext | None = None, limits: Limits = DEFAULT_LIMITS) -> "TcpServer":
+                    ssl: _ssl.SSLContext | None = None, limits: Limits = DEFAULT_LIMITS,
+                    max_connections: int | None = None, max_partial_bytes: int = DEFAULT_PARTIAL_BYTES,
+                    budget: PartialBudget | None = None,
+                    frame_idle_s: float | None = DEFAULT_FRAME_IDLE_S) -> "TcpServer":
         self = cls()
+        self.max_connections = max_connections or default_max_connections()
         loop = asyncio.get_running_loop()
+        budget = budget or PartialBudget(max_partial_bytes)  # (a budget given may be shared with others)
+        scheme = "tls" if ssl else "tcp"
+        # The factory and callbacks hold the server weakly: a closed connection's protocol, its
+        # buffers and its channel are freed at once, not when the garbage collector finds a cycle.
+        ref = weakref.ref(self)
+
+        def made(proto: _FrameProtocol, transport: asyncio.BaseTransport) -> None:
+            server = ref()
+            if server is None or len(server._channels) >= server.max_connections:
+                if server is not None:
+                    server._rejected()
+                transport.abort()
+                return
+            peer = transport.get_extra_info("peername") or ("?", 0)
+            ch = TcpChannel(proto, f"{scheme}://{peer[0]}:{peer[1]}")
+            server._channels.add(ch)
+            task = loop.create_task(server._run(handler, ch))
+            server._tasks.add(task)
+            task.add_done_callback(server._tasks.discard)
 
         def factory() -> _FrameProtocol:
-            proto = _FrameProtocol(limits)
-            orig = proto.connection_made
-
-            def made(transport: asyncio.BaseTransport) -> None:
-                orig(transport)
-                peer = transport.get_extra_info("peername") or ("?", 0)
-                ch = TcpChannel(proto, f"{'tls' if ssl else 'tcp'}://{peer[0]}:{peer[1]}")
-                self._channels.add(ch)
-                task = loop.create_task(self._run(handler, ch))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-            proto.connection_made = made  # type: ignore[method-assign]
-            return proto
+            return _FrameProtocol(limits, budget=budget, frame_idle_s=frame_idle_s, on_made=made)
 
         try:
-            self._server = await loop.create_server(factory, host, port, ssl=ssl)
+            self._server = await loop.create_server(factory, host, port, ssl=ssl, backlog=256)
         except OSError as exc:
-            raise ChannelError(f"cannot listen on {host}:{port}: {exc}") from exc
+            raise ChannelError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         sock = self._server.sockets[0].getsockname()
         self.host, self.port = sock[0], sock[1]
+        self._budget = budget
         return self
+
+    def _rejected(self) -> None:
+        self.rejected += 1
+        if _log_limiter.allow():
+            log.warning("%d connections open, the limit (max_connections); closing new ones (%d so far)",
+                        len(self._channels), self.rejected)
+
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes held in partly received frames now."""
+        return self._budget.held
 
     async def _run(self, handler: Handler, ch: TcpChannel) -> None:
         try:
@@ -289,3 +410,6 @@ class TcpServer:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+_log_limiter = RateLimiter()

@@ -17,6 +17,7 @@ Channels add their own framing around a frame (TCP: a u32 length prefix).
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -32,7 +33,7 @@ from .codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, decoded_size, en
 __all__ = [
     "PROTOCOL_VERSION", "FRAME_VERSION", "Limits", "FrameInfo", "ServerTimings", "Message", "Hello", "Welcome",
     "Refusal", "InferRequest", "Result", "Error", "Ping", "Pong", "Bye", "encode", "encode_bytes", "decode",
-    "ERROR_CODES", "MESSAGE_KINDS",
+    "ERROR_CODES", "MESSAGE_KINDS", "HELLO_LIMITS", "DEFAULT_LIMITS", "decode_tensors", "decoded_nbytes",
 ]
 
 FRAME_VERSION = 1  # layout of a frame (header + payloads)
@@ -47,17 +48,27 @@ _U32 = struct.Struct(">I")
 
 @dataclass(frozen=True)
 class Limits:
-    """What a decoder accepts. The defaults fit a 640x640 YOLO's cut tensors many times over."""
+    """What a decoder accepts. The defaults fit a 640x640 YOLO's cut tensors many times over.
+
+    ``max_decoded`` bounds what one frame may turn into once decoded, summed over its tensors and
+    counting every codec (decompressed bytes, JPEG pixels from the image header): it is checked
+    on the header, before any payload is decompressed. A receiver that knows what it expects
+    (the cloud knows the plan's cut) checks tighter bounds itself, with ``decode(tensors=False)``.
+    """
 
     max_frame: int = 64 << 20  # bytes in one frame
-    max_header: int = 1 << 20  # bytes of msgpack header
+    max_header: int = 64 << 10  # bytes of msgpack header (64 tensors take ~10 KiB): bounds its parse time
     max_tensors: int = 64  # tensors in one frame
     max_rank: int = 8  # dimensions of one tensor
     max_dim: int = 1 << 31  # size of one dimension
     max_str: int = 4096  # characters in a string field
+    max_decoded: int = 256 << 20  # bytes all of a frame's tensors decode to
 
 
 DEFAULT_LIMITS = Limits()
+# What a server accepts before a hello is accepted: a hello is a few hundred bytes, and nothing
+# with tensors is decoded for a peer that has not said who it is.
+HELLO_LIMITS = Limits(max_frame=16 << 10, max_header=16 << 10, max_tensors=0, max_decoded=0)
 
 
 @dataclass
@@ -241,11 +252,13 @@ def _names(kinds: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in ks)
 
 
-def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, limits: Limits) -> dict[str, np.ndarray]:
+def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, limits: Limits,
+             decode_payloads: bool) -> dict[str, Any]:
     descs = _field(h, fname, list, kind, limits=limits)
     if len(descs) > limits.max_tensors:
         raise LimitError(f"{kind} frame: {len(descs)} tensors, the limit is {limits.max_tensors}")
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Encoded] = {}
+    total = 0
     for i, d in enumerate(descs):
         where = f"{kind} frame: tensor {i}"
         if not isinstance(d, dict):
@@ -279,8 +292,10 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
             raise TensorError(f"{where}: bytes [{off}, {off + length}) lie outside the frame's "
                               f"{payload.nbytes} payload bytes")
         expected = decoded_size(codec, dtype, numel)
-        if expected > limits.max_frame * 4:
-            raise LimitError(f"{where}: decodes to {expected} bytes, over 4x the frame limit")
+        total += numel * np.dtype(dtype).itemsize
+        if total > limits.max_decoded:
+            raise LimitError(f"{where}: the frame's tensors decode to {total} bytes or more, the limit is "
+                             f"{limits.max_decoded}")
         if not codec.compressor and codec.base != "jpeg" and length != expected:
             raise TensorError(f"{where}: {length} bytes for shape {shape} {dtype} with codec {codec_name}; "
                               f"expected {expected}")
@@ -297,23 +312,57 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
                     raise TensorError(f"{where}: int8 {key} has {len(b)} bytes, expected {4 * channels} "
                                       f"(float32 per channel)")
             quant = q
-        enc = Encoded(dtype, tuple(shape), codec_name, payload[off:off + length], quant)
-        out[name] = decode_tensor(enc)
-    return out
+        out[name] = Encoded(dtype, tuple(shape), codec_name, payload[off:off + length], quant)
+    return decode_tensors(out) if decode_payloads else out
+
+
+def decoded_nbytes(tensors: Mapping[str, Encoded]) -> int:
+    """What ``tensors`` (as :func:`decode` with ``tensors=False`` left them) decode to, in bytes."""
+    total = 0
+    for enc in tensors.values():
+        n = np.dtype(enc.dtype).itemsize
+        for d in enc.shape:
+            n *= d
+        total += n
+    return total
+
+
+def decode_tensors(tensors: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
+    """Decode the payloads of a message received with ``tensors=False``, once the receiver has
+    checked their headers (names, dtypes, shapes) against what it expects. Raises
+    :class:`~splitinfer.errors.TensorError` for a payload that does not decode to its header."""
+    try:
+        return {name: decode_tensor(enc) for name, enc in tensors.items()}
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise TensorError(f"tensor payload does not decode: {type(exc).__name__}: {exc}") from exc
 
 
 def decode(frame: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LIMITS,
-           info: FrameInfo | None = None) -> Message:
-    """Decode one frame. Raises a :class:`ProtocolError` subclass, never anything else."""
+           info: FrameInfo | None = None, tensors: bool = True) -> Message:
+    """Decode one frame. Raises a :class:`ProtocolError` subclass, never anything else.
+
+    With ``tensors=False`` an infer or result frame's tensors are validated as far as their
+    headers go (dtype, shape, codec, byte ranges, ``limits.max_decoded``) but left as
+    :class:`~splitinfer.transport.codecs.Encoded` views of the frame: nothing is decompressed
+    until the receiver has checked them and calls :func:`decode_tensors`."""
     try:
-        return _decode(frame, limits, info)
+        return _decode(frame, limits, info, tensors)
     except ProtocolError:
         raise
     except Exception as exc:  # a check we did not foresee: still a protocol error, never a crash
         raise FrameError(f"malformed frame: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameInfo | None) -> Message:
+def _finite(value: float, name: str, kind: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise FieldError(f"{kind} frame: field {name!r} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameInfo | None,
+            decode_payloads: bool) -> Message:
     buf = memoryview(frame).cast("B") if not isinstance(frame, memoryview) else frame.cast("B")
     if buf.nbytes > limits.max_frame:
         raise LimitError(f"frame of {buf.nbytes} bytes, the limit is {limits.max_frame}")
@@ -324,8 +373,9 @@ def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameIn
         raise FrameError(f"header length {hlen} does not fit a frame of {buf.nbytes} bytes "
                          f"(header limit {limits.max_header})")
     try:
-        header = msgpack.unpackb(buf[4:4 + hlen], raw=False, strict_map_key=True,
-                                 use_list=True)
+        header = msgpack.unpackb(buf[4:4 + hlen], raw=False, strict_map_key=True, use_list=True,
+                                 max_str_len=limits.max_header, max_array_len=1024, max_map_len=64,
+                                 max_ext_len=0)
     except Exception as exc:
         raise FrameError(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):
@@ -360,18 +410,20 @@ def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameIn
             if c not in CODEC_NAMES:
                 raise FieldError(f"{k} frame: field {fname!r} is {c!r}; expected one of {list(CODEC_NAMES)}")
         deadline = _field(header, "deadline_ms", (int, float), k, optional=True, limits=limits)
+        if deadline is not None:
+            deadline = _finite(float(deadline), "deadline_ms", k)
         msg = InferRequest(request_id=_field(header, "request_id", int, k, limits=limits),
                            plan_hash=_field(header, "plan_hash", str, k, limits=limits),
                            candidate=_field(header, "candidate", str, k, limits=limits),
-                           tensors=_tensors(header, "tensors", k, payload, limits), codec=codec,
-                           deadline_ms=None if deadline is None else float(deadline), result_codec=rcodec)
+                           tensors=_tensors(header, "tensors", k, payload, limits, decode_payloads), codec=codec,
+                           deadline_ms=deadline, result_codec=rcodec)
     elif cls is Result:
         t = _field(header, "timings", dict, k, limits=limits)
-        timings = ServerTimings(*(float(_field(t, n, (int, float), k + " timings", limits=limits))
+        timings = ServerTimings(*(_finite(float(_field(t, n, (int, float), k + " timings", limits=limits)), n, k)
                                   for n in ("recv_ms", "queue_ms", "compute_ms")),
                                 batch_size=_field(t, "batch_size", int, k + " timings", limits=limits))
         msg = Result(request_id=_field(header, "request_id", int, k, limits=limits),
-                     outputs=_tensors(header, "outputs", k, payload, limits),
+                     outputs=_tensors(header, "outputs", k, payload, limits, decode_payloads),
                      codec=_field(header, "codec", str, k, limits=limits), timings=timings)
     elif cls is Error:
         code = _field(header, "code", str, k, limits=limits)
