@@ -1,8 +1,10 @@
 """A longer fuzz run of the wire decoder than the test suite's: valid frames of every kind,
-mutated (byte flips, truncation, splices, inserted junk) for ``--seconds``; any exception other
-than a ProtocolError is a failure (exit 1) and is printed with the input that caused it.
+mutated (byte flips, truncation, splices, inserted junk, rewritten lengths), decoded both ways
+(eagerly, and header-first as the cloud and edge do: ``decode(tensors=False)`` then
+``decode_tensors``) until ``--frames`` frames or ``--seconds``; any exception other than a
+ProtocolError is a failure (exit 1) and is printed with the input that caused it.
 
-    python benchmarks/wire_fuzz.py [--seconds 120]
+    python benchmarks/wire_fuzz.py --frames 1000000      # issue 10's figure: >= 1e6 frames, 0 crashes
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ def mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seconds", type=float, default=3600.0, help="stop after this long at most")
+    ap.add_argument("--frames", type=int, default=1_000_000, help="stop after this many frames")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/wire_fuzz.json")
     args = ap.parse_args()
     from splitinfer.errors import ProtocolError
     from splitinfer.transport import wire
@@ -64,11 +68,17 @@ def main() -> None:
     pool = seeds()
     runs = rejected = accepted = 0
     t0 = time.monotonic()
-    while time.monotonic() - t0 < args.seconds:
+    while time.monotonic() - t0 < args.seconds and runs < args.frames:
         data = mutate(rng, rng.choice(pool), pool)
         runs += 1
         try:
-            wire.decode(data)
+            if runs % 2:
+                wire.decode(data)
+            else:
+                msg = wire.decode(data, tensors=False)
+                for fname in ("tensors", "outputs"):
+                    if isinstance(getattr(msg, fname, None), dict):
+                        wire.decode_tensors(getattr(msg, fname))
             accepted += 1
         except ProtocolError:
             rejected += 1
@@ -76,10 +86,11 @@ def main() -> None:
             print(f"CRASH after {runs} inputs on {data!r}")
             traceback.print_exc()
             sys.exit(1)
-    rate = runs / (time.monotonic() - t0)
-    print(f"{runs:,} mutated frames in {args.seconds:g} s ({rate:,.0f}/s): {rejected:,} rejected with a "
-          f"ProtocolError, {accepted:,} still valid, 0 crashes")
-    print(f"wrote {save('wire_fuzz', {'seconds': args.seconds, 'runs': runs, 'rejected': rejected, 'accepted': accepted, 'crashes': 0})}")
+    took = time.monotonic() - t0
+    print(f"{runs:,} mutated frames in {took:.0f} s ({runs / took:,.0f}/s): {rejected:,} rejected with a "
+          f"ProtocolError, {accepted:,} still valid, crashes 0")
+    if not args.no_write:
+        print(f"wrote {save('wire_fuzz', {'seconds': round(took, 1), 'runs': runs, 'rejected': rejected, 'accepted': accepted, 'crashes': 0, 'seed': args.seed})}")
 
 
 if __name__ == "__main__":

@@ -181,6 +181,12 @@ class Batcher:
         self._pending.clear()
         self._arrived.set()
 
+    def cancel(self) -> None:
+        """Stop the batching loop now (after :meth:`abandon`, when a run outlived even that)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            self._task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
     async def aclose(self, *, drain: bool = True) -> None:
         """Stop taking requests; run what is queued (``drain``) or fail it with Busy."""
         self._closing = True
@@ -191,4 +197,4 @@ class Batcher:
             self._pending.clear()
         self._arrived.set()
         if self._task is not None:
-            await self._task
+            await asyncio.shield(self._task)  # a caller that stops waiting does not cancel the loop

@@ -42,7 +42,7 @@ from ..transport.channel import Channel
 from ..transport.budget import PartialBudget
 from ..transport.codecs import Encoded
 from ..transport.ratelimit import RateLimiter
-from ..transport.tcp import DEFAULT_PARTIAL_BYTES, TcpServer, default_max_connections, server_ssl_context
+from ..transport.tcp import DEFAULT_FRAME_IDLE_S, DEFAULT_PARTIAL_BYTES, TcpServer, default_max_connections, server_ssl_context
 from .batcher import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_DELAY_MS, Batcher, Busy,
                       DeadlineExceeded)
 from .metrics import Metrics
@@ -93,7 +93,7 @@ class CloudService:
                  postprocess: Mapping[str, str] | str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS,
                  max_connections: int | None = None, max_rows: int | None = None,
                  hello_timeout_s: float = HELLO_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 max_partial_bytes: int = DEFAULT_PARTIAL_BYTES) -> None:
+                 max_partial_bytes: int = DEFAULT_PARTIAL_BYTES, frame_idle_s: float = DEFAULT_FRAME_IDLE_S) -> None:
         if not plans:
             raise PlanError("the cloud service needs at least one plan")
         self.plans: dict[str, _Served] = {}
@@ -120,7 +120,7 @@ class CloudService:
         self.max_rows = max_rows or max_batch_size  # rows one request may carry (batch-dynamic cuts)
         if self.max_rows < 1:
             raise SplitinferError(f"max_rows must be >= 1, got {self.max_rows}")
-        self.hello_timeout_s, self.idle_timeout_s = hello_timeout_s, idle_timeout_s
+        self.hello_timeout_s, self.idle_timeout_s, self.frame_idle_s = hello_timeout_s, idle_timeout_s, frame_idle_s
         self._budget = PartialBudget(max_partial_bytes)
         self._run_options = ort.RunOptions()  # terminate=True stops runs that outlast a shutdown's drain
         self._shrink = ort.RunOptions()  # after a multi-row batch the arena gives its memory back
@@ -158,7 +158,8 @@ class CloudService:
             # Until a hello is accepted a connection may send only small frames (HELLO_LIMITS).
             self._tcp = await TcpServer.start(self._handle_tcp, self.listen[0], self.listen[1], ssl=ssl,
                                               limits=wire.HELLO_LIMITS, max_connections=self.max_connections,
-                                              budget=self._budget)  # one budget for TCP and WebRTC
+                                              budget=self._budget,  # one budget for TCP and WebRTC
+                                              frame_idle_s=self.frame_idle_s)
             self.port = self._tcp.port
             if self.http_addr is not None:
                 await self._start_http()
@@ -292,7 +293,9 @@ class CloudService:
             for b in batchers:
                 b.abandon("the service is shutting down")
             await asyncio.wait({drained}, timeout=2.0)
-        drained.cancel()
+        drained.add_done_callback(lambda f: f.cancelled() or f.exception())
+        for b in batchers:
+            b.cancel()
         if self._infer_tasks:  # every open request sends its reply (or its error) before the bye
             await asyncio.wait(set(self._infer_tasks), timeout=2.0)
         for ch in list(self._channels):

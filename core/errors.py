@@ -25,6 +25,7 @@ libraries underneath (onnx, onnxruntime, protobuf, sockets) are translated at th
         ├── ChannelClosed          the peer closed or the connection was lost
         ├── TlsError               the TLS handshake failed (an untrusted certificate, say)
         └── RefusedError           the peer refused our hello (version, plan, token)
+    SourceError                    a frame source failed (a video that cannot be read, a generator that raised)
     MissingExtraError              a feature needs an optional extra that is not installed
 """
 
@@ -53,6 +54,7 @@ __all__ = [
     "TlsError",
     "RefusedError",
     "MissingExtraError",
+    "SourceError",
 ]
 
 
@@ -150,3 +152,7 @@ class MissingExtraError(SplitinferError):
     def __init__(self, message: str, extra: str) -> None:
         super().__init__(message)
         self.extra = extra
+
+
+class SourceError(SplitinferError):
+    """A frame source failed: a video that cannot be opened or read, a generator that raised."""

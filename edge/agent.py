@@ -25,7 +25,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from ..errors import ChannelClosed, ChannelError, PlanError, RefusedError, SplitinferError
+from ..errors import ChannelClosed, ChannelError, PlanError, RefusedError, SourceError, SplitinferError, TlsError
+from ..postprocess import MAX_DETECTIONS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
 from ..splitter.plan import Candidate, Plan
@@ -111,7 +112,9 @@ class EdgeAgent:
         self._prober: ActiveProber | None = None
         self._inflight_bytes = 0  # sent to the cloud, not yet answered
         self.refused: RefusedError | None = None
+        self.last_error: str | None = None  # why the cloud is not connected, in words (TLS, refusal, ...)
         self.reconnects = 0
+        self._postprocessed = ""  # what the connected cloud's results carry (its welcome says)
 
     def _resolve(self, cid: str) -> int:
         ids = [c.id for c in self.plan.candidates]
@@ -169,7 +172,9 @@ class EdgeAgent:
             found = await discover(plan_hash=self.plan.hash, first=True, timeout=3.0)
             if not found:
                 raise ChannelError(f"no cloud service for plan {self.plan.hash[:12]} found by zeroconf")
-            url = found[0].tcp_url
+            svc = found[0]
+            # TLS is this agent's decision: an advertisement may ask for it, never turn it off
+            url = f"{'tls' if (svc.tls or self.cafile) else 'tcp'}://{svc.host}:{svc.port}"
         assert url is not None
         u = urlparse(url)
         if u.scheme in ("tcp", "tls"):
@@ -182,7 +187,8 @@ class EdgeAgent:
             from ..transport.webrtc import WebRtcChannel
 
             ch = await WebRtcChannel.connect(f"http://{u.hostname}:{u.port or 8000}/v1/webrtc/offer",
-                                             timeout=self.connect_timeout_s)
+                                             timeout=self.connect_timeout_s,
+                                             headers={"Authorization": f"Bearer {self.token}"} if self.token else None)
         else:
             raise ChannelError(f"cloud URL {url!r}: expected auto, tcp://, tls:// or webrtc://")
         await ch.send(wire.Hello(self.plan.hash, self.client_id, token=self.token))
@@ -193,6 +199,7 @@ class EdgeAgent:
         if not isinstance(reply, wire.Welcome):
             await ch.aclose()
             raise ChannelError(f"expected a welcome, got {reply.KIND!r}")
+        self._postprocessed = reply.postprocess
         if reply.postprocess:  # results will be post-processed (e.g. detections): small
             self.controller.result_prior = [0.0 if c.local else _POSTPROCESSED_BYTES for c in self.plan.candidates]
         return ch
@@ -205,12 +212,16 @@ class EdgeAgent:
                 ch = await self._open()
             except RefusedError as exc:
                 self.refused = exc
-                log.warning("%s", exc)
+                self._note_error(str(exc), warn=True)
+                backoff = 5.0
+            except TlsError as exc:
+                self._note_error(str(exc), warn=True)
                 backoff = 5.0
             except (ChannelError, OSError, asyncio.TimeoutError, SplitinferError) as exc:
-                log.info("cloud not reachable: %s", exc)
+                self._note_error(f"cloud not reachable: {exc or type(exc).__name__}")
             else:
                 self.refused = None
+                self.last_error = None
                 backoff = 0.1
                 self._ch = ch
                 self._connected.set()
@@ -230,10 +241,16 @@ class EdgeAgent:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
+    def _note_error(self, message: str, *, warn: bool = False) -> None:
+        """Remember why the cloud is not connected (results say it); warn once per new reason."""
+        if message != self.last_error:
+            (log.warning if warn else log.info)("%s", message)
+        self.last_error = message
+
     async def _read(self, ch: Channel) -> None:
         while True:
             try:
-                msg = await ch.recv()
+                msg = await ch.recv(tensors=False)  # checked against the plan before decoding (_reply_outputs)
             except ChannelClosed:
                 return
             except wire.ProtocolError as exc:
@@ -434,7 +451,9 @@ class EdgeAgent:
         if cloud_ok or (self.pinned is not None and self.connected):
             result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i), race=race)
         else:
-            result, sent, reason = await local(), 0, "cloud unavailable" if not self.connected else "circuit open"
+            result, sent = await local(), 0
+            reason = "circuit open" if self.connected else (
+                f"cloud unavailable: {self.last_error}" if self.last_error else "cloud unavailable")
         closed = True
         batch = int(timings.pop("batch", 1))
         outputs = self._finish(result)
@@ -545,14 +564,45 @@ class EdgeAgent:
         if isinstance(reply, wire.Error):
             self.breaker.failure(time.monotonic())
             return await (fallback or local()), wire_bytes, f"cloud error {reply.code}: {reply.message}"
+        assert isinstance(reply, wire.Result)
+        try:
+            outputs = self._reply_outputs(cand, reply)
+        except (wire.ProtocolError, ValueError) as exc:  # never returned as a cloud result
+            self.breaker.failure(time.monotonic())
+            log.warning("bad reply from the cloud: %s", exc)
+            return await (fallback or local()), wire_bytes, f"bad reply from the cloud: {exc}"
         if fallback is not None and not race:
             fallback.cancel()  # not started yet: dropped; running: its result is ignored
         # (racing, the device's run goes on: its time is the measurement the race was for)
-        assert isinstance(reply, wire.Result)
         self._observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings)
-        if cand.cloud is not None and not set(cand.cloud.outputs) <= set(reply.outputs):
-            return dict(reply.outputs), wire_bytes, None  # post-processed by the cloud (e.g. detections)
-        return cand.finish(cut, reply.outputs, self.plan.output_names), wire_bytes, None
+        if self._postprocessed:
+            return outputs, wire_bytes, None  # post-processed by the cloud (e.g. detections)
+        return cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None
+
+    def _reply_outputs(self, cand: Candidate, reply: wire.Result) -> dict[str, np.ndarray]:
+        """A reply's tensors, checked against what this candidate's cloud segment makes (or the
+        post-processed format agreed at hello) before anything is decompressed, then decoded."""
+        if self._postprocessed == "yolo":
+            want = {"detections": ("float32", None)}
+        else:
+            assert cand.cloud is not None
+            specs = {t.name: t for t in self.plan.outputs}
+            want = {n: (specs[n].dtype, specs[n].shape) if n in specs else (None, None) for n in cand.cloud.outputs}
+        got = reply.outputs
+        if set(got) != set(want):
+            raise ValueError(f"outputs {sorted(got)}, expected {sorted(want)}")
+        for name, enc in got.items():
+            dtype, shape = (enc.dtype, tuple(enc.shape)) if isinstance(enc, Encoded) else (enc.dtype.name, enc.shape)
+            wdtype, wshape = want[name]
+            if self._postprocessed == "yolo":
+                ok = dtype == "float32" and len(shape) == 2 and shape[1] == 6 and shape[0] <= MAX_DETECTIONS
+                expected = f"float32 (K <= {MAX_DETECTIONS}, 6)"
+            else:
+                ok = (wdtype is None or dtype == wdtype) and (wshape is None or shape == wshape)
+                expected = f"{wdtype} {list(wshape) if wshape is not None else '?'}"
+            if not ok:
+                raise ValueError(f"output {name!r} is {dtype} {list(shape)}, expected {expected}")
+        return wire.decode_tensors(got) if any(isinstance(e, Encoded) for e in got.values()) else dict(got)
 
     def _observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
                        timings: dict[str, float]) -> None:
@@ -588,22 +638,28 @@ class EdgeAgent:
         done = asyncio.Event()
         start = time.monotonic()
 
+        failed: list[BaseException] = []
+
         async def produce() -> None:
             k = 0
-            async for frame in _aiter(frames):
-                if fps:
-                    delay = start + k / fps - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                captured = time.perf_counter()
-                await sem.acquire()
-                task = asyncio.ensure_future(self._process(next(self._frames), frame, captured))
-                task.add_done_callback(lambda _: sem.release())
-                pending.append(task)
-                k += 1
+            try:
+                async for frame in _aiter(frames):
+                    if fps:
+                        delay = start + k / fps - time.monotonic()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                    captured = time.perf_counter()
+                    await sem.acquire()
+                    task = asyncio.ensure_future(self._process(next(self._frames), frame, captured))
+                    task.add_done_callback(lambda _: sem.release())
+                    pending.append(task)
+                    k += 1
+                    ready.set()
+            except Exception as exc:  # the source failed: frames taken get their results, then the error
+                failed.append(exc)
+            finally:
+                done.set()
                 ready.set()
-            done.set()
-            ready.set()
 
         ready = asyncio.Event()
         producer = asyncio.ensure_future(produce())
@@ -616,6 +672,11 @@ class EdgeAgent:
                     break
                 yield await pending.popleft()
             await producer
+            if failed:
+                exc = failed[0]
+                if isinstance(exc, SplitinferError):
+                    raise exc
+                raise SourceError(f"the frame source failed: {type(exc).__name__}: {exc}") from exc
         finally:
             producer.cancel()
             for t in pending:

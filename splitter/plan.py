@@ -31,9 +31,10 @@ import numpy as np
 
 from .._types import TensorSpec
 from ..errors import PlanError, PlanFormatError, PlanIntegrityError
+from .manifest import validate_manifest
 
 __all__ = ["Plan", "Candidate", "SegmentRef", "FORMAT", "FORMAT_VERSION", "plan_hash", "sha256_file",
-           "atomic_directory"]
+           "atomic_directory", "check_destination", "external_data_files"]
 
 FORMAT = "splitinfer-plan"
 FORMAT_VERSION = 1
@@ -46,6 +47,38 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def external_data_files(path: Path) -> set[str]:
+    """Files an ONNX model keeps tensors in outside itself (``data_location: EXTERNAL``), read
+    without loading them. onnxruntime would open these next to the model, unhashed."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise PlanIntegrityError(f"{path}: not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+    found: set[str] = set()
+
+    def tensors(graph: Any) -> Iterator[Any]:
+        yield from graph.initializer
+        for sp in graph.sparse_initializer:
+            yield sp.values
+            yield sp.indices
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                if attr.HasField("g"):
+                    yield from tensors(attr.g)
+                for g in attr.graphs:
+                    yield from tensors(g)
+
+    for t in tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            found.update(e.value for e in t.external_data if e.key == "location")
+    return found
 
 
 def plan_hash(manifest: Mapping[str, Any]) -> str:
@@ -179,6 +212,10 @@ class Plan:
         if version != FORMAT_VERSION:
             raise PlanFormatError(f"{mpath}: plan format version {version!r}; this splitinfer reads version {FORMAT_VERSION}")
         try:
+            validate_manifest(manifest)
+        except PlanFormatError as exc:
+            raise PlanFormatError(f"{mpath}: {exc}") from None
+        try:
             candidates = [Candidate.from_json(c) for c in manifest["candidates"]]
             inputs = tuple(TensorSpec.from_json(t) for t in manifest["inputs"])
             outputs = tuple(TensorSpec.from_json(t) for t in manifest["outputs"])
@@ -206,6 +243,11 @@ class Plan:
                 if got != expected:
                     raise PlanIntegrityError(f"{root}: {rel} has sha256 {got[:16]}…, the manifest expects "
                                              f"{expected[:16]}…; the file was changed or corrupted")
+                external = external_data_files(fpath)
+                if external:
+                    raise PlanIntegrityError(f"{root}: {rel} keeps weights in external data {sorted(external)}, "
+                                             "which the plan's hashes do not cover; a plan's ONNX files must be "
+                                             "self-contained (split the model again)")
         return cls(root, manifest, candidates, inputs, outputs, dict(manifest.get("profiles") or {}))
 
     def set_profile(self, device: str, profile: Mapping[str, Any]) -> None:
@@ -215,6 +257,12 @@ class Plan:
         write_json_atomic(self.path / "manifest.json", self.manifest)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".json", dir=path.parent)
     try:
@@ -222,6 +270,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
             json.dump(obj, f, indent=2)
             f.write("\n")
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # as any file the user writes (mkstemp makes 0600)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -230,21 +279,55 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
+_PLAN_ENTRIES = {"manifest.json", "model.onnx", "segments", "report.png"}
+
+
+def check_destination(target: str | os.PathLike[str], *, force: bool = False) -> Path:
+    """Where a new plan may be written: a path that does not exist, or (with ``force``) a plan
+    directory holding nothing but a plan's files. Anything else, a user's folder or file, is
+    refused whatever the flags: nothing the user owns is deleted. Raises :class:`PlanError`."""
+    dest = Path(target).absolute()
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise PlanError(f"-o {target}: exists and is not a plan directory; choose a new path")
+    if dest.exists():
+        manifest = dest / "manifest.json"
+        try:
+            is_plan = json.loads(manifest.read_text()).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            is_plan = False
+        if not is_plan:
+            raise PlanError(f"-o {target}: {dest} exists and is not a plan directory (no splitinfer manifest.json); "
+                            "a plan is written only to a new path or over a previous plan (--force)")
+        others = sorted(p.name for p in dest.iterdir() if p.name not in _PLAN_ENTRIES and not p.name.startswith("."))
+        if others:
+            raise PlanError(f"-o {target}: the plan directory also holds {others[:5]}, which are not a plan's "
+                            "files; move them or choose a new path")
+        if not force:
+            raise PlanError(f"-o {target}: a plan exists there; choose another directory or pass --force to replace it")
+    parent = dest.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PlanError(f"-o {target}: cannot create it: {parent} is not a writable directory")
+    return dest
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of ``target`` to fill; on success it becomes ``target``.
 
-    On any exception the temporary directory is removed and ``target`` is untouched. An existing
-    ``target`` is an error unless ``force`` (then it is replaced only after the new one is complete).
+    On any exception the temporary directory is removed and ``target`` is untouched. ``target``
+    must pass :func:`check_destination` (with ``force``, an existing plan there is replaced only
+    after the new one is complete).
     """
-    dest = Path(target).absolute()
-    if dest.exists() and not force:
-        raise PlanError(f"{dest} exists; choose another directory or pass --force to replace it")
+    dest = check_destination(target, force=force)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # as any directory the user makes (mkdtemp makes 0700)
     try:
         yield tmp
         if dest.exists():
+            check_destination(target, force=force)  # still a plan (nothing moved in meanwhile)
             old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
             os.replace(dest, old / "plan")
             os.replace(tmp, dest)

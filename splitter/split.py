@@ -18,12 +18,12 @@ import onnxruntime as ort
 from onnx.utils import Extractor
 
 from .. import __version__
-from ..errors import VerificationError
+from ..errors import SplitinferError, VerificationError
 from .cuts import Cut, cut_from_edge_nodes, cut_from_tensors, find_candidates
 from .graph import ModelGraph, analyse
 from .loader import LoadedModel, load_model
-from .plan import FORMAT, FORMAT_VERSION, Candidate, Plan, SegmentRef, atomic_directory, plan_hash, \
-    sha256_file, write_json_atomic
+from .plan import FORMAT, FORMAT_VERSION, Candidate, Plan, SegmentRef, atomic_directory, check_destination, \
+    plan_hash, sha256_file, write_json_atomic
 from .profiler import device_info, make_session, node_times, random_feeds, time_session
 from .segment import build_segments
 from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
@@ -31,7 +31,7 @@ from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
 __all__ = ["split_model", "SplitResult", "profile_plan", "SPLIT_HOST"]
 
 SPLIT_HOST = "split-host"  # profile name of the machine that ran `split` (role "both")
-# Without profiling, a node's cost is its FLOPs at this rate (FLOP/ms, i.e. 10 GFLOP/s).
+# The cut search prices a node at its FLOPs at this rate (FLOP/ms, i.e. 10 GFLOP/s): deterministic.
 _FALLBACK_FLOP_PER_MS = 1e7
 
 Progress = Callable[[str, float], None]  # (what is being done, fraction done 0..1)
@@ -43,9 +43,15 @@ class SplitResult:
     verification: VerifyReport | None
 
 
-def _node_costs(lm: LoadedModel, graph: ModelGraph, profile: bool, threads: int | None) -> dict[int, float]:
-    if not profile:
-        return {n.index: n.flops / _FALLBACK_FLOP_PER_MS for n in graph.compute_nodes()}
+def _node_costs(graph: ModelGraph) -> dict[int, float]:
+    """Node costs for the cut search: FLOPs at a nominal rate. Deterministic on purpose: measured
+    node times on a busy machine differ from run to run, and near-equal cuts would then trade
+    places, so the same model and options could give different candidates and plan hashes.
+    Measured times go into the split host's profile (``node_ms``), which the hash excludes."""
+    return {n.index: n.flops / _FALLBACK_FLOP_PER_MS for n in graph.compute_nodes()}
+
+
+def _measured_node_costs(lm: LoadedModel, graph: ModelGraph, threads: int | None) -> dict[int, float]:
     measured = node_times(lm.static.SerializeToString(), random_feeds(graph.inputs), threads=threads)
     return {n.index: measured.get(n.name, 0.0) for n in graph.compute_nodes()}
 
@@ -156,11 +162,14 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
         if progress:
             progress(what, frac)
 
+    check_destination(output_dir, force=force)  # before any work: a bad -o fails at once
+    if not tolerance >= 0:
+        raise SplitinferError(f"tolerance must be a number >= 0, got {tolerance!r}")
     step("loading model", 0.0)
     lm = load_model(source, input_shapes=input_shapes, example_input=example_input, name=name)
     graph = analyse(lm.static)
     step("profiling nodes", 0.05)
-    costs = _node_costs(lm, graph, profile, threads)
+    costs = _node_costs(graph)
     step("finding candidate cuts", 0.15)
     if cut:
         forced = cut_from_tensors(graph, cut)
@@ -201,7 +210,8 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
         if profile:
             info = _profile_candidates(plan, "both", threads, budget_s,
                                        lambda w, f: step(w, 0.4 + 0.35 * f))
-            info["node_ms"] = {graph.nodes[i].name: round(v, 5) for i, v in costs.items()}
+            measured = _measured_node_costs(lm, graph, threads)
+            info["node_ms"] = {graph.nodes[i].name: round(v, 5) for i, v in measured.items()}
             plan.set_profile(SPLIT_HOST, info)
         result = None
         if verify:

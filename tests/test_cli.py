@@ -46,10 +46,35 @@ def test_split_verify_inspect_profile(tmp_path, chain_onnx):
     assert "jetson" in last_json(run("inspect", out, "--json"))["profiles"]
 
 
-def test_verify_fails_with_exit_1(yolo_plan):
-    p = run("verify", yolo_plan, "--tolerance", "-1", "--json")
-    assert p.returncode == 1
+def test_verify_fails_with_exit_1(plan_copy):
+    """A consistent plan (hashes recomputed) whose cloud segment computes something else."""
+    import json
+
+    import onnx
+    from onnx import numpy_helper
+
+    from splitinfer.splitter.plan import plan_hash, sha256_file
+
+    manifest = json.loads((plan_copy / "manifest.json").read_text())
+    cand = next(c for c in manifest["candidates"] if c["id"] == "cloud")
+    seg = plan_copy / cand["cloud"]["file"]
+    model = onnx.load(str(seg))
+    init = model.graph.initializer[0]
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 2 + 1, init.name))
+    onnx.save(model, str(seg))
+    cand["cloud"]["sha256"] = sha256_file(seg)
+    manifest["plan_hash"] = plan_hash(manifest)
+    (plan_copy / "manifest.json").write_text(json.dumps(manifest))
+    p = run("verify", plan_copy, "--json")
+    assert p.returncode == 1, p.stderr
     assert not last_json(p)["ok"]
+
+
+@pytest.mark.parametrize("flag,value", [("--tolerance", "-1"), ("--tolerance", "nan"), ("--threads", "0")])
+def test_bad_numbers_exit_2_naming_the_flag(yolo_plan, flag, value):
+    p = run("verify", yolo_plan, flag, value)
+    assert p.returncode == 2
+    assert flag in p.stderr
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage" * 100])

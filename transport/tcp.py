@@ -201,7 +201,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     async def next_frame(self) -> tuple[bytearray, FrameInfo]:
         while not self.frames:
             if self.error is not None:
-                raise self.error
+                # a fresh exception each time: raising the stored one would tie its traceback (and
+                # this frame, and self) into a reference cycle that keeps the connection's memory
+                raise type(self.error)(*self.error.args)
             self._waiter = self._loop.create_future()
             await self._waiter
             self._waiter = None

@@ -34,6 +34,7 @@ from ...errors import SplitinferError
 __all__ = ["DemoConfig", "TrafficDemo", "DEFAULT_TRACE", "default_model", "load_classes"]
 
 HERE = Path(__file__).resolve().parent
+STOP_TIMEOUT_S = 15.0  # after Ctrl-C/SIGTERM, the longest the demo waits for its parts to close
 
 # The embedded default: a minute of uplink that a camera on a cellular link could see (good,
 # degrading, a dead spot, recovering), looped. --trace replays a real one instead.
@@ -55,7 +56,10 @@ def load_classes(model: Path, classes_file: Path | None = None) -> list[str]:
 
     import onnx
 
-    m = onnx.load(str(model), load_external_data=False)
+    try:
+        m = onnx.load(str(model), load_external_data=False)
+    except Exception as exc:  # not a protobuf, truncated, a directory, ...
+        raise SplitinferError(f"--model {model}: not an ONNX model ({type(exc).__name__}: {exc})") from exc
     for p in m.metadata_props:
         if p.key == "names":
             try:
@@ -132,6 +136,8 @@ class TrafficDemo:
     def __init__(self, config: DemoConfig) -> None:
         self.cfg = config
         self.model = Path(config.model) if config.model else default_model()
+        if config.source is not None and not Path(config.source).is_file():
+            raise SplitinferError(f"--source {config.source}: no such video file")
         if not self.model.is_file():
             raise SplitinferError(f"no detector at {self.model}"
                                   + (" (train one: python demos/traffic_camera/train.py)" if not config.model else ""))
@@ -353,9 +359,18 @@ def run_demo(config: DemoConfig, *, headless: bool, as_json: bool) -> int:
 
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        signals = (signal.SIGINT, signal.SIGTERM)
+
+        def on_signal() -> None:
+            # the first Ctrl-C or SIGTERM stops the demo in order; a second one ends it at once
+            demo.stop.set()
+            for sig in signals:
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+
+        for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, demo.stop.set)
+                loop.add_signal_handler(sig, on_signal)
 
         def ready(d: TrafficDemo) -> None:
             if not headless:
@@ -365,9 +380,16 @@ def run_demo(config: DemoConfig, *, headless: bool, as_json: bool) -> int:
         stopper = asyncio.ensure_future(demo.stop.wait())
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         demo.stop.set()  # the frame source ends, the pipeline drains, everything closes
-        result = await task
         stopper.cancel()
-        return result
+        if not task.done():
+            done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
+            if not done:  # something did not drain in time: stop waiting for it
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise SplitinferError(f"the demo did not stop within {STOP_TIMEOUT_S:g} s of being asked; "
+                                      "stopped it")
+        return task.result()
 
     summary = asyncio.run(main())
     summary["link"] = (f"{config.bandwidth_mbps:g} Mbit/s" if config.bandwidth_mbps is not None

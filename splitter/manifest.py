@@ -1,0 +1,171 @@
+"""The manifest's schema, checked field by field before anything in it is used.
+
+A manifest is read from disk and may have been written by anyone: :func:`validate_manifest`
+checks every field :class:`~splitinfer.splitter.plan.Plan` relies on (types, dtypes, shapes and
+their sizes, unique ids and names, file paths, hashes, how segments and cuts refer to each
+other) and raises :class:`~splitinfer.errors.PlanFormatError` naming the first field that is
+wrong, e.g. ``candidates[2].cut[0].shape[1]: expected an integer in [0, 2147483647], got -3``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .._types import DTYPES
+from ..errors import PlanFormatError
+
+__all__ = ["validate_manifest", "MAX_TENSOR_BYTES", "MAX_RANK"]
+
+MAX_RANK = 8  # dimensions of a tensor in a plan (the wire's limit too)
+MAX_DIM = (1 << 31) - 1
+MAX_TENSOR_BYTES = 1 << 32  # one cut tensor, input or output: 4 GiB (ONNX models stop at 2 GiB)
+MAX_CANDIDATES = 256
+_KINDS = ("cloud", "split", "edge")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "int16": 2, "int8": 1, "uint8": 1,
+             "bool": 1}
+
+
+def _fail(where: str, expected: str, got: Any) -> PlanFormatError:
+    shown = repr(got)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return PlanFormatError(f"manifest field {where}: expected {expected}, got {shown}")
+
+
+def _get(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise PlanFormatError(f"manifest field {where}.{key} is missing" if where else
+                              f"manifest field {key} is missing")
+    return d[key]
+
+
+def _str(value: Any, where: str, *, nonempty: bool = True, max_len: int = 4096) -> str:
+    if not isinstance(value, str) or (nonempty and not value) or len(value) > max_len:
+        raise _fail(where, f"a {'non-empty ' if nonempty else ''}string of at most {max_len} characters", value)
+    return value
+
+
+def _int(value: Any, where: str, low: int = 0, high: int = 1 << 62) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(where, f"an integer in [{low}, {high}]", value)
+    return value
+
+
+def _list(value: Any, where: str, max_len: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) > max_len:
+        raise _fail(where, f"a list of at most {max_len} items", value)
+    return value
+
+
+def _tensor(t: Any, where: str) -> str:
+    if not isinstance(t, dict):
+        raise _fail(where, "an object {name, shape, dtype}", t)
+    name = _str(_get(t, "name", where), f"{where}.name")
+    dtype = _get(t, "dtype", where)
+    if dtype not in DTYPES:
+        raise _fail(f"{where}.dtype", f"one of {sorted(DTYPES)}", dtype)
+    shape = _list(_get(t, "shape", where), f"{where}.shape", MAX_RANK)
+    nbytes = _ITEMSIZE[dtype]
+    for k, d in enumerate(shape):
+        nbytes *= _int(d, f"{where}.shape[{k}]", 0, MAX_DIM)
+    if nbytes > MAX_TENSOR_BYTES:
+        raise _fail(f"{where}.shape", f"a tensor of at most {MAX_TENSOR_BYTES} bytes", f"{shape} ({nbytes} bytes)")
+    if "bytes" in t and t["bytes"] != nbytes:
+        raise _fail(f"{where}.bytes", f"{nbytes} (shape x dtype size)", t["bytes"])
+    return name
+
+
+def _file(value: Any, where: str) -> str:
+    path = _str(value, where, max_len=255)
+    parts = path.replace("\\", "/").split("/")
+    if path.startswith(("/", "\\")) or ".." in parts or ":" in path or "\x00" in path:
+        raise _fail(where, "a relative path inside the plan directory", path)
+    return path
+
+
+def _segment(seg: Any, where: str, files: dict[str, str]) -> None:
+    if seg is None:
+        return
+    if not isinstance(seg, dict):
+        raise _fail(where, "an object {file, sha256, inputs, outputs} or null", seg)
+    path = _file(_get(seg, "file", where), f"{where}.file")
+    digest = _get(seg, "sha256", where)
+    if not isinstance(digest, str) or not _SHA256.match(digest):
+        raise _fail(f"{where}.sha256", "64 lowercase hex digits", digest)
+    if path in files and files[path] != digest:
+        raise _fail(f"{where}.file", "a file listed once with one sha256", path)
+    files[path] = digest
+    for key in ("inputs", "outputs"):
+        names = _list(_get(seg, key, where), f"{where}.{key}", 4096)
+        for k, n in enumerate(names):
+            _str(n, f"{where}.{key}[{k}]")
+        if len(set(names)) != len(names):
+            raise _fail(f"{where}.{key}", "unique tensor names", names)
+    if "batch_dynamic" in seg and not isinstance(seg["batch_dynamic"], bool):
+        raise _fail(f"{where}.batch_dynamic", "true or false", seg["batch_dynamic"])
+
+
+def validate_manifest(m: Mapping[str, Any]) -> None:
+    """Raise :class:`PlanFormatError` naming the first field of ``m`` that is missing or wrong."""
+    model = _get(m, "model", "")
+    if not isinstance(model, dict):
+        raise _fail("model", "an object", model)
+    _str(_get(model, "name", "model"), "model.name")
+    files: dict[str, str] = {}
+    digest = _get(model, "sha256", "model")
+    if not isinstance(digest, str) or not _SHA256.match(digest):
+        raise _fail("model.sha256", "64 lowercase hex digits", digest)
+    files[_file(_get(model, "file", "model"), "model.file")] = digest
+    _str(_get(m, "plan_hash", ""), "plan_hash")
+    ios: dict[str, set[str]] = {}
+    for key in ("inputs", "outputs"):
+        items = _list(_get(m, key, ""), key, 1024)
+        if not items:
+            raise _fail(key, "at least one tensor", items)
+        ios[key] = {_tensor(t, f"{key}[{k}]") for k, t in enumerate(items)}
+        if len(ios[key]) != len(items):
+            raise _fail(key, "unique tensor names", [t.get("name") for t in items])
+    cands = _list(_get(m, "candidates", ""), "candidates", MAX_CANDIDATES)
+    if not cands:
+        raise _fail("candidates", "at least one candidate", cands)
+    ids: set[str] = set()
+    for k, c in enumerate(cands):
+        where = f"candidates[{k}]"
+        if not isinstance(c, dict):
+            raise _fail(where, "an object", c)
+        cid = _str(_get(c, "id", where), f"{where}.id", max_len=64)
+        if cid in ids:
+            raise _fail(f"{where}.id", "an id no other candidate has", cid)
+        ids.add(cid)
+        kind = _get(c, "kind", where)
+        if kind not in _KINDS:
+            raise _fail(f"{where}.kind", f"one of {list(_KINDS)}", kind)
+        cut = [_tensor(t, f"{where}.cut[{j}]") for j, t in enumerate(_list(_get(c, "cut", where), f"{where}.cut", 1024))]
+        if len(set(cut)) != len(cut):
+            raise _fail(f"{where}.cut", "unique tensor names", cut)
+        edge, cloud = _get(c, "edge", where), _get(c, "cloud", where)
+        _segment(edge, f"{where}.edge", files)
+        _segment(cloud, f"{where}.cloud", files)
+        if edge is None and cloud is None:
+            raise _fail(where, "an edge segment, a cloud segment or both", "neither")
+        if cloud is not None and set(cloud["inputs"]) - set(cut):
+            raise _fail(f"{where}.cloud.inputs", f"names among the cut {cut}", cloud["inputs"])
+        if cloud is None and kind != "edge":
+            raise _fail(f"{where}.cloud", f"a cloud segment for a {kind!r} candidate", None)
+        passthrough = _list(_get(c, "passthrough", where), f"{where}.passthrough", 1024)
+        for j, n in enumerate(passthrough):
+            if n not in cut or n not in ios["outputs"]:
+                raise _fail(f"{where}.passthrough[{j}]", "a model output that is a cut tensor", n)
+        flops = _get(c, "flops", where)
+        if not isinstance(flops, dict):
+            raise _fail(f"{where}.flops", "an object {edge, cloud}", flops)
+        for side in ("edge", "cloud"):
+            _int(_get(flops, side, f"{where}.flops"), f"{where}.flops.{side}")
+        if "edge_nodes" in c:
+            _int(c["edge_nodes"], f"{where}.edge_nodes")
+    profiles = m.get("profiles")
+    if profiles is not None and not isinstance(profiles, dict):
+        raise _fail("profiles", "an object", profiles)
