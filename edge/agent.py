@@ -418,7 +418,8 @@ class EdgeAgent:
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards
         conditions = {"bandwidth_mbps": bw, "rtt_ms": self.monitor.min_rtt_ms(), "backlog_ms": backlog_ms,
-                      "cloud_ok": cloud_ok, "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)}}
+                      "cloud_ok": cloud_ok, "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
+                      "cloud_error": None if self.connected else self.last_error}
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
                    "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
         eout: dict[str, np.ndarray] = {}

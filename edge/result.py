@@ -24,7 +24,8 @@ class FrameResult:
     predicted_ms: float = 0.0
     explore: bool = False
     batch_size: int = 0
-    # what the cut was chosen from: bandwidth_mbps, rtt_ms, backlog_ms, cloud_ok, predicted_ms per candidate
+    # what the cut was chosen from: bandwidth_mbps, rtt_ms, backlog_ms, cloud_ok, predicted_ms per candidate,
+    # cloud_error (why the cloud is not connected: TLS, a refusal, unreachable; None when connected)
     conditions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

@@ -57,7 +57,7 @@ class Limits:
     """
 
     max_frame: int = 64 << 20  # bytes in one frame
-    max_header: int = 64 << 10  # bytes of msgpack header (64 tensors take ~10 KiB): bounds its parse time
+    max_header: int = 256 << 10  # bytes of msgpack header (int8 scales: 8 B per channel): bounds its parse time
     max_tensors: int = 64  # tensors in one frame
     max_rank: int = 8  # dimensions of one tensor
     max_dim: int = 1 << 31  # size of one dimension
