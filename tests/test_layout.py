@@ -87,7 +87,8 @@ def test_public_names():
         "__version__", "TensorSpec", "SplitinferError", "ModelError", "ModelLoadError", "ShapeError",
         "UnsupportedModelError", "CutError", "PlanError", "PlanFormatError", "PlanIntegrityError",
         "VerificationError", "CodecError", "ProtocolError", "VersionError", "FrameError", "FieldError",
-        "LimitError", "TensorError", "ChannelError", "ChannelClosed", "RefusedError",
+        "LimitError", "TensorError", "ChannelError", "ChannelClosed", "RefusedError", "TlsError", "SourceError",
+        "MissingExtraError",
     }
     assert set(sp.__all__) == {
         "split_model", "SplitResult", "profile_plan", "SPLIT_HOST", "load_model", "export_torch",
