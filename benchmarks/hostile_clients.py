@@ -282,6 +282,8 @@ def edge_under_bombs(plan_dir: Path, tmp: Path, frames: int) -> dict[str, Any]:
         await server.aclose()
         recs = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
         lat = np.array([r["timings"]["total_ms"] for r in recs]) if recs else np.array([float("nan")])
+        if proc.returncode:
+            print(stderr.decode()[-2000:])
         result.update(attack=f"edge: every reply a 24 KB -> 1 GiB bomb x {frames} frames", exit=proc.returncode,
                       peak_rss_mib=round(rss.peak, 1), frames=len(recs),
                       fallbacks=sum(r["fallback"] for r in recs),

@@ -256,7 +256,12 @@ class EdgeAgent:
             except wire.ProtocolError as exc:
                 if ch.closed:
                     return
-                log.warning("bad frame from the cloud: %s", exc)
+                rid = getattr(exc, "request_id", None)
+                fut = self._pending.pop(rid, None) if rid is not None else None
+                if fut is not None and not fut.done():  # a reply for a known request that breaks the rules
+                    fut.set_exception(BadReply(str(exc)))
+                else:
+                    log.warning("bad frame from the cloud: %s", exc)
                 continue
             if isinstance(msg, (wire.Result, wire.Error)) and msg.request_id is not None:
                 fut = self._pending.pop(msg.request_id, None)
@@ -531,7 +536,8 @@ class EdgeAgent:
                     reason = _RACE_LOST if race else f"cloud later than {hedge_s * 1e3:.0f} ms"
             if remote in done and remote.exception() is not None:
                 exc = remote.exception()
-                reason = f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else str(exc)
+                reason = (f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else
+                          f"bad reply from the cloud: {exc}" if isinstance(exc, BadReply) else str(exc))
         finally:
             if reason != _RACE_LOST:
                 self._inflight_bytes -= wire_bytes
@@ -682,6 +688,10 @@ class EdgeAgent:
             producer.cancel()
             for t in pending:
                 t.cancel()
+
+
+class BadReply(Exception):
+    """A reply for a request of ours that the wire format refuses (over a limit, say)."""
 
 
 def _consume(fut: "asyncio.Future[Any]") -> None:

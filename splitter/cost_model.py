@@ -24,7 +24,18 @@ from ..errors import PlanError
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
 
-__all__ = ["CostModel", "select_profile"]
+__all__ = ["CostModel", "select_profile", "NOMINAL_FLOP_PER_MS"]
+
+# A plan split without profiling (`split --no-profile`) is priced at its FLOPs at this rate
+# (10 GFLOP/s) for both sides, the edge scaled by ``edge_slowdown``; the edge agent replaces the
+# edge times with its own measurements at start.
+NOMINAL_FLOP_PER_MS = 1e7
+
+
+def _flops_profile(plan: "Plan") -> dict[str, Any]:
+    return {"role": "both", "candidates": {c.id: {"edge_ms": c.flops_edge / NOMINAL_FLOP_PER_MS,
+                                                  "cloud_ms": c.flops_cloud / NOMINAL_FLOP_PER_MS}
+                                           for c in plan.candidates}}
 
 
 def select_profile(plan: "Plan", role: str, device: str | None = None) -> tuple[str, Mapping[str, Any]]:
@@ -57,8 +68,11 @@ class CostModel:
                   edge_slowdown: float = 1.0, cloud_speedup: float = 1.0) -> "CostModel":
         """Build from the plan's profiles. ``edge_slowdown``/``cloud_speedup`` scale the split host's
         times when the plan has no profile measured on the real edge or cloud device."""
-        ename, eprof = select_profile(plan, "edge", edge_device)
-        cname, cprof = select_profile(plan, "cloud", cloud_device)
+        if not plan.profiles and edge_device is None and cloud_device is None:
+            ename, eprof = cname, cprof = "flops", _flops_profile(plan)
+        else:
+            ename, eprof = select_profile(plan, "edge", edge_device)
+            cname, cprof = select_profile(plan, "cloud", cloud_device)
         escale = edge_slowdown if eprof.get("role") == "both" else 1.0
         cscale = 1.0 / cloud_speedup if cprof.get("role") == "both" else 1.0
         edge, cloud = [], []

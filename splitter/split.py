@@ -19,6 +19,7 @@ from onnx.utils import Extractor
 
 from .. import __version__
 from ..errors import SplitinferError, VerificationError
+from .cost_model import NOMINAL_FLOP_PER_MS
 from .cuts import Cut, cut_from_edge_nodes, cut_from_tensors, find_candidates
 from .graph import ModelGraph, analyse
 from .loader import LoadedModel, load_model
@@ -32,7 +33,7 @@ __all__ = ["split_model", "SplitResult", "profile_plan", "SPLIT_HOST"]
 
 SPLIT_HOST = "split-host"  # profile name of the machine that ran `split` (role "both")
 # The cut search prices a node at its FLOPs at this rate (FLOP/ms, i.e. 10 GFLOP/s): deterministic.
-_FALLBACK_FLOP_PER_MS = 1e7
+_FALLBACK_FLOP_PER_MS = NOMINAL_FLOP_PER_MS
 
 Progress = Callable[[str, float], None]  # (what is being done, fraction done 0..1)
 

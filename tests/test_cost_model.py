@@ -58,3 +58,15 @@ def test_profile_selection(plan_copy):
     assert cm.edge_ms[edge_i] == pytest.approx(plan.profiles["cam-1"]["candidates"]["edge"]["edge_ms"])
     with pytest.raises(PlanError, match="no profile named 'nope'"):
         select_profile(plan, "edge", "nope")
+
+
+def test_a_plan_split_without_profiling_is_priced_from_flops(tmp_path, chain_onnx):
+    """`split --no-profile` then `edge run`: the cost model falls back to FLOPs, not an error."""
+    from splitinfer.splitter import CostModel, split_model
+
+    plan = split_model(chain_onnx, tmp_path / "p", profile=False, verify=False, report=False).plan
+    assert not plan.profiles
+    cm = CostModel.from_plan(plan, edge_slowdown=4)
+    whole = next(i for i, c in enumerate(plan.candidates) if c.local)
+    assert cm.edge_ms[whole] == pytest.approx(4 * plan.candidates[whole].flops_edge / 1e7)
+    assert all(v >= 0 for v in cm.cloud_ms)

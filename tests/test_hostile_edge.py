@@ -46,16 +46,20 @@ def bad_replies(plan):
     bomb = Encoded("float32", (bomb_side * bomb_side,), "int8+zstd",  # 24 KB that decompress to 64 MiB
                    zstandard.ZstdCompressor().compress(bytes(bomb_side * bomb_side)),
                    {"axis": -1, "scale": np.ones(1, np.float32).tobytes(), "min": np.zeros(1, np.float32).tobytes()})
+    huge = Encoded("float32", (1 << 30,), "int8+zstd", b"\x28\xb5\x2f\xfd" + bytes(20),  # declares 4 GiB
+                   {"axis": -1, "scale": np.ones(1, np.float32).tobytes(), "min": np.zeros(1, np.float32).tobytes()})
     return {
         "wrong shape": lambda r: wire.Result(r.request_id, {out.name: np.zeros((1, 2), np.float32)}),
         "no outputs": lambda r: wire.Result(r.request_id, {}),
         "wrong name": lambda r: wire.Result(r.request_id, {"other": np.zeros(out.shape, np.float32)}),
         "wrong dtype": lambda r: wire.Result(r.request_id, {out.name: np.zeros(out.shape, np.float64)}),
         "decompression bomb": lambda r: wire.Result(r.request_id, {out.name: bomb}, codec="int8+zstd"),
+        "over the decode cap": lambda r: wire.Result(r.request_id, {out.name: huge}, codec="int8+zstd"),
     }
 
 
-@pytest.mark.parametrize("kind", ["wrong shape", "no outputs", "wrong name", "wrong dtype", "decompression bomb"])
+@pytest.mark.parametrize("kind", ["wrong shape", "no outputs", "wrong name", "wrong dtype", "decompression bomb",
+                                  "over the decode cap"])
 def test_a_reply_that_does_not_fit_the_plan_is_a_fallback(yolo_plan, kind):
     plan = Plan.load(yolo_plan)
 

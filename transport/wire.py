@@ -418,13 +418,17 @@ def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameIn
                            tensors=_tensors(header, "tensors", k, payload, limits, decode_payloads), codec=codec,
                            deadline_ms=deadline, result_codec=rcodec)
     elif cls is Result:
-        t = _field(header, "timings", dict, k, limits=limits)
-        timings = ServerTimings(*(_finite(float(_field(t, n, (int, float), k + " timings", limits=limits)), n, k)
-                                  for n in ("recv_ms", "queue_ms", "compute_ms")),
-                                batch_size=_field(t, "batch_size", int, k + " timings", limits=limits))
-        msg = Result(request_id=_field(header, "request_id", int, k, limits=limits),
-                     outputs=_tensors(header, "outputs", k, payload, limits, decode_payloads),
-                     codec=_field(header, "codec", str, k, limits=limits), timings=timings)
+        rid = _field(header, "request_id", int, k, limits=limits)
+        try:
+            t = _field(header, "timings", dict, k, limits=limits)
+            timings = ServerTimings(*(_finite(float(_field(t, n, (int, float), k + " timings", limits=limits)), n, k)
+                                      for n in ("recv_ms", "queue_ms", "compute_ms")),
+                                    batch_size=_field(t, "batch_size", int, k + " timings", limits=limits))
+            msg = Result(request_id=rid, outputs=_tensors(header, "outputs", k, payload, limits, decode_payloads),
+                         codec=_field(header, "codec", str, k, limits=limits), timings=timings)
+        except ProtocolError as exc:  # the receiver can still answer the request this was for
+            exc.request_id = rid  # type: ignore[attr-defined]
+            raise
     elif cls is Error:
         code = _field(header, "code", str, k, limits=limits)
         if code not in ERROR_CODES:
