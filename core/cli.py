@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +33,7 @@ def _number(kind: type, *, low: float, inclusive: bool = True) -> Callable[[str]
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
                                              f"got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")) or (value < low if inclusive else value <= low):
+        if not math.isfinite(value) or (value < low if inclusive else value <= low):
             raise argparse.ArgumentTypeError(f"expected a number {'>=' if inclusive else '>'} {low:g}, got {text!r}")
         return value
 

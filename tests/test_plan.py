@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from splitinfer import PlanError, PlanFormatError, PlanIntegrityError, ShapeError, SplitinferError, VerificationError
+from splitinfer import PlanError, PlanFormatError, PlanIntegrityError, ShapeError, SplitinferError
 from splitinfer.splitter import Plan, analyse, load_model, profile_plan, split_model, verify_plan
 from splitinfer.splitter.plan import plan_hash, sha256_file
 
