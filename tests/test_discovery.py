@@ -38,3 +38,27 @@ def test_too_many_plans_is_refused():
         with pytest.raises(ValueError, match="at most 12 plans"):
             await Advertiser.start("x", port=1, plans=[f"{i:064x}" for i in range(13)], interfaces=["127.0.0.1"])
     arun(main())
+
+
+def test_the_default_auto_path_finds_the_cloud(yolo_plan):
+    """What users run: `CloudService(advertise=True)` on loopback and `EdgeAgent(plan, "auto")`
+    with no interfaces given (zeroconf 0.154 raised TypeError for interfaces=None and the agent
+    silently ran edge-only)."""
+    pytest.importorskip("aiohttp")
+    from splitinfer.cloud import CloudService
+    from splitinfer.edge import EdgeAgent
+    from splitinfer.splitter import Plan
+    from splitinfer.splitter.profiler import random_feeds
+
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with CloudService([plan], listen=("127.0.0.1", 0), http=None, name="si-auto-test") as svc:
+            assert (await discover(plan_hash=plan.hash, first=True, timeout=8))  # no interfaces given
+            async with EdgeAgent(plan, "auto", candidate="cloud", connect_timeout_s=10) as agent:
+                assert agent.connected, agent.last_error
+                r = await agent.infer(random_feeds(plan.inputs))
+                return r, svc.port
+
+    r, _ = arun(main(), timeout=90)
+    assert not r.fallback and r.placement == "cloud", r

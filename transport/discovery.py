@@ -13,6 +13,7 @@ import asyncio
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .wire import PROTOCOL_VERSION
 
@@ -81,13 +82,14 @@ class Advertiser:
     async def start(cls, name: str, *, port: int, plans: Sequence[str], host: str = "127.0.0.1",
                     webrtc_url: str | None = None, token_required: bool = False, tls: bool = False,
                     interfaces: Sequence[str] | None = None) -> "Advertiser":
-        from zeroconf import IPVersion
+        from zeroconf import InterfaceChoice, IPVersion
         from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
         self = cls()
         props = _txt(port, plans, webrtc_url, token_required, tls)  # validate before opening sockets
-        zc = AsyncZeroconf(interfaces=list(interfaces) if interfaces else ["127.0.0.1"] if host.startswith("127.")
-                           else None, ip_version=IPVersion.V4Only)
+        chosen: Any = list(interfaces) if interfaces else ["127.0.0.1"] if host.startswith("127.") \
+            else InterfaceChoice.All  # (None raises TypeError in zeroconf 0.154)
+        zc = AsyncZeroconf(interfaces=chosen, ip_version=IPVersion.V4Only)
         info = AsyncServiceInfo(SERVICE_TYPE, f"{name}.{SERVICE_TYPE}", port=port,
                                 addresses=[socket.inet_aton(host)],
                                 properties=props,
@@ -107,10 +109,12 @@ async def discover(*, timeout: float = 3.0, plan_hash: str | None = None, interf
                    first: bool = False) -> list[Service]:
     """Browse for ``timeout`` seconds (or until the first match with ``first``) and return the
     services found, only those serving ``plan_hash`` when given."""
-    from zeroconf import IPVersion, ServiceStateChange
+    from zeroconf import InterfaceChoice, IPVersion, ServiceStateChange
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-    zc = AsyncZeroconf(interfaces=list(interfaces) if interfaces else None, ip_version=IPVersion.V4Only)
+    # (zeroconf 0.154 raises TypeError for interfaces=None: name the choice)
+    zc = AsyncZeroconf(interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
+                       ip_version=IPVersion.V4Only)
     found: dict[str, Service] = {}
     pending: set[asyncio.Task[None]] = set()
     matched = asyncio.Event()
