@@ -454,7 +454,7 @@ class EdgeAgent:
                 timings["local_ms"] = ms
             return out
 
-        if cloud_ok or (self.pinned is not None and self.connected):
+        if cloud_ok:  # a pinned candidate too: an open breaker means the cloud is not asked
             result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i), race=race)
         else:
             result, sent = await local(), 0

@@ -238,3 +238,31 @@ def test_stream_source_errors_are_not_swallowed_by_asyncio(yolo_plan):
         await asyncio.sleep(0)
 
     arun(main(), timeout=60)
+
+
+def test_a_pinned_candidate_respects_the_breaker(yolo_plan):
+    """A frozen cloud (welcome, then silence): pinned frames wait for their hedge until the breaker
+    opens (a few failures), then run locally at once instead of each waiting (up to 3 s before)."""
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async def frozen(ch):
+            await ch.recv()
+            await ch.send(wire.Welcome("s"))
+            while True:
+                await ch.recv(tensors=False)
+
+        server = await TcpServer.start(frozen, "127.0.0.1", 0)
+        try:
+            async with EdgeAgent(plan, f"tcp://127.0.0.1:{server.port}", candidate="cloud") as agent:
+                return [await agent.infer(random_feeds(plan.inputs, seed=k)) for k in range(6)]
+        finally:
+            await server.aclose()
+
+    rs = arun(main())
+    assert all(r.fallback for r in rs)
+    late = [r for r in rs if r.fallback_reason.startswith("cloud later than")]
+    opened = [r for r in rs if r.fallback_reason == "circuit open"]
+    assert late and rs[0] in late
+    assert len(opened) >= 2 and rs[-1] in opened, [r.fallback_reason for r in rs]
+    assert max(r.timings["total_ms"] for r in opened) < min(r.timings["total_ms"] for r in late)
