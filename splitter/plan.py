@@ -49,15 +49,15 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def external_data_files(path: Path) -> set[str]:
-    """Files an ONNX model keeps tensors in outside itself (``data_location: EXTERNAL``), read
-    without loading them. onnxruntime would open these next to the model, unhashed."""
+def external_data_files(model_bytes: bytes, name: str = "model") -> set[str]:
+    """Files an ONNX model (its serialised bytes) keeps tensors in outside itself
+    (``data_location: EXTERNAL``). onnxruntime would open these next to the model, unhashed."""
     import onnx
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load_model_from_string(model_bytes)
     except Exception as exc:
-        raise PlanIntegrityError(f"{path}: not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+        raise PlanIntegrityError(f"{name}: not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
     found: set[str] = set()
 
     def tensors(graph: Any) -> Iterator[Any]:
@@ -239,11 +239,12 @@ class Plan:
                     raise PlanFormatError(f"{mpath}: file {rel!r} lies outside the plan directory")
                 if not fpath.is_file():
                     raise PlanIntegrityError(f"{root}: {rel} is missing (listed in manifest.json)")
-                got = sha256_file(fpath)
+                data = fpath.read_bytes()  # read once: hashed, then parsed from the same bytes
+                got = hashlib.sha256(data).hexdigest()
                 if got != expected:
                     raise PlanIntegrityError(f"{root}: {rel} has sha256 {got[:16]}…, the manifest expects "
                                              f"{expected[:16]}…; the file was changed or corrupted")
-                external = external_data_files(fpath)
+                external = external_data_files(data, rel)
                 if external:
                     raise PlanIntegrityError(f"{root}: {rel} keeps weights in external data {sorted(external)}, "
                                              "which the plan's hashes do not cover; a plan's ONNX files must be "

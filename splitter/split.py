@@ -32,8 +32,6 @@ from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
 __all__ = ["split_model", "SplitResult", "profile_plan", "SPLIT_HOST"]
 
 SPLIT_HOST = "split-host"  # profile name of the machine that ran `split` (role "both")
-# The cut search prices a node at its FLOPs at this rate (FLOP/ms, i.e. 10 GFLOP/s): deterministic.
-_FALLBACK_FLOP_PER_MS = NOMINAL_FLOP_PER_MS
 
 Progress = Callable[[str, float], None]  # (what is being done, fraction done 0..1)
 
@@ -49,7 +47,7 @@ def _node_costs(graph: ModelGraph) -> dict[int, float]:
     node times on a busy machine differ from run to run, and near-equal cuts would then trade
     places, so the same model and options could give different candidates and plan hashes.
     Measured times go into the split host's profile (``node_ms``), which the hash excludes."""
-    return {n.index: n.flops / _FALLBACK_FLOP_PER_MS for n in graph.compute_nodes()}
+    return {n.index: n.flops / NOMINAL_FLOP_PER_MS for n in graph.compute_nodes()}
 
 
 def _measured_node_costs(lm: LoadedModel, graph: ModelGraph, threads: int | None) -> dict[int, float]:

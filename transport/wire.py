@@ -33,7 +33,7 @@ from .codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, decoded_size, en
 __all__ = [
     "PROTOCOL_VERSION", "FRAME_VERSION", "Limits", "FrameInfo", "ServerTimings", "Message", "Hello", "Welcome",
     "Refusal", "InferRequest", "Result", "Error", "Ping", "Pong", "Bye", "encode", "encode_bytes", "decode",
-    "ERROR_CODES", "MESSAGE_KINDS", "HELLO_LIMITS", "DEFAULT_LIMITS", "decode_tensors", "decoded_nbytes",
+    "ERROR_CODES", "MESSAGE_KINDS", "HELLO_LIMITS", "DEFAULT_LIMITS", "decode_tensors",
 ]
 
 FRAME_VERSION = 1  # layout of a frame (header + payloads)
@@ -314,17 +314,6 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
             quant = q
         out[name] = Encoded(dtype, tuple(shape), codec_name, payload[off:off + length], quant)
     return decode_tensors(out) if decode_payloads else out
-
-
-def decoded_nbytes(tensors: Mapping[str, Encoded]) -> int:
-    """What ``tensors`` (as :func:`decode` with ``tensors=False`` left them) decode to, in bytes."""
-    total = 0
-    for enc in tensors.values():
-        n = np.dtype(enc.dtype).itemsize
-        for d in enc.shape:
-            n *= d
-        total += n
-    return total
 
 
 def decode_tensors(tensors: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
