@@ -33,16 +33,15 @@ import numpy as np
 import onnxruntime as ort
 
 from .. import __version__
-from .._types import TensorSpec
 from ..errors import ChannelClosed, ChannelError, PlanError, ProtocolError, SplitinferError
 from ..postprocess import POSTPROCESSORS, postprocess
 from ..splitter.plan import Candidate, Plan
 from ..transport import wire
 from ..transport.channel import Channel
 from ..transport.budget import PartialBudget
-from ..transport.codecs import Encoded
 from ..transport.ratelimit import RateLimiter
 from ..transport.tcp import DEFAULT_FRAME_IDLE_S, DEFAULT_PARTIAL_BYTES, TcpServer, default_max_connections, server_ssl_context
+from .admission import RequestError, check_request
 from .batcher import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_DELAY_MS, Batcher, Busy,
                       DeadlineExceeded)
 from .metrics import Metrics
@@ -67,12 +66,6 @@ def load_tokens(path: str | os.PathLike[str]) -> set[str]:
     if not tokens:
         raise SplitinferError(f"--token-file {path}: no tokens in it (expected one per line)")
     return tokens
-
-
-class _RequestError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -441,43 +434,6 @@ class CloudService:
             await ch.send(wire.Error(request_id, code, message))
 
     # ------------------------------------------------------------------ inference
-    def _check(self, served: _Served, req: wire.InferRequest) -> Candidate:
-        """The request's tensor headers against the candidate's cut: names, dtypes, shapes, rows
-        (``max_rows``). Runs before any payload is decompressed."""
-        plan = served.plan
-        if req.plan_hash != plan.hash:
-            raise _RequestError("unknown_plan", f"request for plan {req.plan_hash[:16]}…, this connection's hello "
-                                                f"was for {plan.hash[:16]}…")
-        try:
-            cand = plan.candidate(req.candidate)
-        except PlanError as exc:
-            raise _RequestError("unknown_candidate", str(exc)) from None
-        if cand.cloud is None:
-            raise _RequestError("bad_request", f"candidate {cand.id!r} runs entirely on the edge; nothing to compute")
-        want = {t.name: t for t in cand.cut}
-        got = set(req.tensors)
-        if got != set(want):
-            missing, extra = sorted(set(want) - got), sorted(got - set(want))
-            raise _RequestError("shape", f"candidate {cand.id!r} takes tensors {sorted(want)}; missing {missing}, "
-                                         f"unexpected {extra}")
-        rows = None
-        for name, arr in req.tensors.items():
-            spec: TensorSpec = want[name]
-            dtype, shape = _dtype_shape(arr)
-            ok_dtype = dtype == spec.dtype
-            ok_shape = (shape[1:] == spec.shape[1:] and len(shape) == len(spec.shape) and shape[0] >= 1
-                        if cand.cloud.batch_dynamic else shape == spec.shape)
-            if not (ok_dtype and ok_shape):
-                raise _RequestError("shape", f"tensor {name!r}: expected {spec.dtype} {list(spec.shape)}, got "
-                                             f"{dtype} {list(shape)}")
-            if rows is not None and shape[0] != rows:
-                raise _RequestError("shape", f"tensor {name!r}: batch {shape[0]} differs from the others' {rows}")
-            rows = shape[0]
-        if rows is not None and rows > 1 and rows > self.max_rows:
-            raise _RequestError("bad_request", f"{rows} rows in one request; this service takes at most "
-                                               f"{self.max_rows} (max_rows)")
-        return cand
-
     def _batcher(self, plan: Plan, cand: Candidate) -> Batcher:
         key = (plan.hash, cand.id)
         b = self._batchers.get(key)
@@ -504,23 +460,23 @@ class CloudService:
         recv_ms = req.info.seconds * 1e3 if req.info else 0.0
         plan = served.plan
         try:
-            cand = self._check(served, req)
+            cand = check_request(served.plan, req, self.max_rows)
             self.metrics.requests.labels(plan.hash[:12], cand.id).inc()
             if self.state != "running":
-                raise _RequestError("shutdown", "the service is shutting down")
+                raise RequestError("shutdown", "the service is shutting down")
             try:
                 req.tensors = wire.decode_tensors(req.tensors)
             except ProtocolError as exc:
-                raise _RequestError("bad_request", str(exc)) from None
+                raise RequestError("bad_request", str(exc)) from None
             deadline = received + req.deadline_ms / 1e3 if req.deadline_ms is not None else None
             if deadline is not None and time.monotonic() > deadline:
-                raise _RequestError("deadline", f"the deadline ({req.deadline_ms:.1f} ms) passed on arrival")
+                raise RequestError("deadline", f"the deadline ({req.deadline_ms:.1f} ms) passed on arrival")
             try:
                 res = await self._batcher(plan, cand).submit(req.tensors, deadline=deadline)
             except Busy as exc:
-                raise _RequestError("busy" if self.state == "running" else "shutdown", str(exc)) from None
+                raise RequestError("busy" if self.state == "running" else "shutdown", str(exc)) from None
             except DeadlineExceeded as exc:
-                raise _RequestError("deadline", str(exc)) from None
+                raise RequestError("deadline", str(exc)) from None
             outputs = cand.finish(req.tensors, res.outputs, plan.output_names)
             if served.postprocess:
                 outputs = await asyncio.get_running_loop().run_in_executor(
@@ -533,7 +489,7 @@ class CloudService:
                                                             res.batch_size))
             await ch.send(result)
             self.metrics.latency.labels(plan.hash[:12], cand.id).observe(time.monotonic() - received)
-        except _RequestError as exc:
+        except RequestError as exc:
             await self._error(ch, req.request_id, exc.code, str(exc))
         except ChannelClosed:
             pass
@@ -551,13 +507,6 @@ class CloudService:
                  "candidates": [{"id": c.id, "kind": c.kind, "cut": [t.to_json() for t in c.cut],
                                  "batch_dynamic": bool(c.cloud and c.cloud.batch_dynamic)} for c in s.plan.candidates]}
                 for h, s in self.plans.items()]
-
-
-def _dtype_shape(t: Any) -> tuple[str, tuple[int, ...]]:
-    """dtype name and shape of an ndarray or an (undecoded) Encoded tensor."""
-    if isinstance(t, Encoded):
-        return t.dtype, tuple(t.shape)
-    return t.dtype.name, tuple(t.shape)
 
 
 def _is_loopback(host: str) -> bool:

@@ -26,7 +26,6 @@ from urllib.parse import urlparse
 import numpy as np
 
 from ..errors import ChannelClosed, ChannelError, PlanError, RefusedError, SourceError, SplitinferError, TlsError
-from ..postprocess import MAX_DETECTIONS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
 from ..splitter.plan import Candidate, Plan
@@ -36,6 +35,7 @@ from ..transport.channel import Channel
 from ..transport.codecs import Encoded, encode_tensor
 from .breaker import CircuitBreaker
 from .controller import Controller
+from .replies import BadReply, reply_outputs
 from .result import FrameResult
 from .runtime import Backend, OrtBackend
 
@@ -250,7 +250,7 @@ class EdgeAgent:
     async def _read(self, ch: Channel) -> None:
         while True:
             try:
-                msg = await ch.recv(tensors=False)  # checked against the plan before decoding (_reply_outputs)
+                msg = await ch.recv(tensors=False)  # checked against the plan before decoding (replies.py)
             except ChannelClosed:
                 return
             except wire.ProtocolError as exc:
@@ -573,7 +573,7 @@ class EdgeAgent:
             return await (fallback or local()), wire_bytes, f"cloud error {reply.code}: {reply.message}"
         assert isinstance(reply, wire.Result)
         try:
-            outputs = self._reply_outputs(cand, reply)
+            outputs = reply_outputs(self.plan, cand, self._postprocessed, reply)
         except (wire.ProtocolError, ValueError) as exc:  # never returned as a cloud result
             self.breaker.failure(time.monotonic())
             log.warning("bad reply from the cloud: %s", exc)
@@ -585,31 +585,6 @@ class EdgeAgent:
         if self._postprocessed:
             return outputs, wire_bytes, None  # post-processed by the cloud (e.g. detections)
         return cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None
-
-    def _reply_outputs(self, cand: Candidate, reply: wire.Result) -> dict[str, np.ndarray]:
-        """A reply's tensors, checked against what this candidate's cloud segment makes (or the
-        post-processed format agreed at hello) before anything is decompressed, then decoded."""
-        if self._postprocessed == "yolo":
-            want = {"detections": ("float32", None)}
-        else:
-            assert cand.cloud is not None
-            specs = {t.name: t for t in self.plan.outputs}
-            want = {n: (specs[n].dtype, specs[n].shape) if n in specs else (None, None) for n in cand.cloud.outputs}
-        got = reply.outputs
-        if set(got) != set(want):
-            raise ValueError(f"outputs {sorted(got)}, expected {sorted(want)}")
-        for name, enc in got.items():
-            dtype, shape = (enc.dtype, tuple(enc.shape)) if isinstance(enc, Encoded) else (enc.dtype.name, enc.shape)
-            wdtype, wshape = want[name]
-            if self._postprocessed == "yolo":
-                ok = dtype == "float32" and len(shape) == 2 and shape[1] == 6 and shape[0] <= MAX_DETECTIONS
-                expected = f"float32 (K <= {MAX_DETECTIONS}, 6)"
-            else:
-                ok = (wdtype is None or dtype == wdtype) and (wshape is None or shape == wshape)
-                expected = f"{wdtype} {list(wshape) if wshape is not None else '?'}"
-            if not ok:
-                raise ValueError(f"output {name!r} is {dtype} {list(shape)}, expected {expected}")
-        return wire.decode_tensors(got) if any(isinstance(e, Encoded) for e in got.values()) else dict(got)
 
     def _observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
                        timings: dict[str, float]) -> None:
@@ -688,10 +663,6 @@ class EdgeAgent:
             producer.cancel()
             for t in pending:
                 t.cancel()
-
-
-class BadReply(Exception):
-    """A reply for a request of ours that the wire format refuses (over a limit, say)."""
 
 
 def _consume(fut: "asyncio.Future[Any]") -> None:
