@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hmac
 import ipaddress
 import logging
@@ -381,6 +382,12 @@ class CloudService:
                                                for t in self.tokens):
             await self._refuse(ch, "token", "missing token" if not msg.token else "the token is not accepted")
             return None
+        if msg.postprocess is not None:  # the edge names its output format: every frame the same, wherever it ran
+            if msg.postprocess and msg.postprocess not in POSTPROCESSORS:
+                await self._refuse(ch, "postprocess", f"post-processing {msg.postprocess!r} is not known here; "
+                                                      f"known: {sorted(POSTPROCESSORS)}")
+                return None
+            served = dataclasses.replace(served, postprocess=msg.postprocess or None)
         ch.set_limits(self.limits)  # a known peer: frames with tensors from now on
         await ch.send(wire.Welcome(uuid.uuid4().hex[:12], server=f"splitinfer {__version__} {self.name}",
                                    max_frame=self.limits.max_frame, postprocess=served.postprocess or ""))

@@ -1,6 +1,10 @@
 """The edge agent: runs the edge segment on the device, sends the cut tensors, picks the cut for
 every frame, and finishes the frame itself when the cloud is slow or gone. Every input gets
-exactly one result, in order.
+exactly one result, in order, in one output format wherever it ran.
+
+The concerns live in their own modules: the link and its supervision (``link.py``), the hedged
+remote call (``remote.py``), the device and its queue (``device.py``), the choice
+(``controller.py``); this class runs one frame through them.
 
 >>> async with EdgeAgent(Plan.load("plans/yolo-n"), cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
 ...     r = await agent.infer({"input": frame})
@@ -11,41 +15,35 @@ exactly one result, in order.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import functools
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 
-from ..errors import ChannelClosed, ChannelError, PlanError, RefusedError, SourceError, SplitinferError, TlsError
+from ..errors import PlanError, RefusedError, SourceError, SplitinferError
+from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
-from ..splitter.plan import Candidate, Plan
-from ..transport import wire
-from ..transport.bandwidth import ActiveProber, BandwidthMonitor
-from ..transport.channel import Channel
+from ..splitter.plan import Plan
+from ..transport.bandwidth import BandwidthMonitor
 from ..transport.codecs import Encoded, encode_tensor
 from .breaker import CircuitBreaker
 from .controller import Controller
-from .replies import BadReply, reply_outputs
+from .device import Device
+from .link import CloudLink
+from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
-from .runtime import Backend, OrtBackend
 
 __all__ = ["EdgeAgent", "SyncEdgeAgent"]
 
 log = logging.getLogger(__name__)
 
-_MIN_WAIT_S = 0.03  # the shortest a frame waits for the cloud before the device starts on it too
-_MAX_WAIT_S = 3.0  # the longest, whatever the prediction
-_RACE_LOST = "raced: the device was first"  # an exploring frame the device finished first (not a fault)
 _POSTPROCESSED_BYTES = 2048.0  # a prior for a post-processed result (a few dozen detections)
 
 
@@ -61,7 +59,9 @@ def nominal_ratio(codec: str) -> float:
 class EdgeAgent:
     """Split inference on the edge device. ``cloud`` is ``"auto"`` (zeroconf), ``tcp://host:port``,
     ``tls://host:port``, ``webrtc://host:port`` (the cloud's HTTP port), or None (all local).
-    ``candidate`` pins one cut (an id, or ``edge``/``cloud``) instead of adapting."""
+    ``candidate`` pins one cut (an id, or ``edge``/``cloud``) instead of adapting.
+    ``postprocess`` (e.g. ``"yolo"``) is the output format of every frame, agreed with the cloud
+    at hello: detections whether a frame ran on the device, split or in the cloud."""
 
     def __init__(self, plan: Plan | str, cloud: str | None = "auto", *, token: str | None = None,
                  codec: str = "fp16", input_codec: str | None = None, policy: str = "latency",
@@ -71,24 +71,29 @@ class EdgeAgent:
                  cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0,
                  downlink_mbps: float | None = None, warmup: bool = True) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
-        self.cloud_url, self.token, self.client_id = cloud, token, client_id
+        if postprocess and postprocess not in POSTPROCESSORS:
+            raise SplitinferError(f"postprocess must be one of {sorted(POSTPROCESSORS)}, got {postprocess!r}")
+        self.cloud_url = cloud
         self.codec, self.input_codec = codec, input_codec or codec
         self.pinned = self._resolve(candidate) if candidate else None
         self.max_inflight = max(1, max_inflight)
-        self.postprocess = postprocess
-        self.threads = threads
-        self.emulate_slowdown = emulate_slowdown  # see OrtBackend: a fast machine standing in for a slow device
+        self.postprocess = postprocess or ""
         self.downlink_mbps = downlink_mbps  # None: assume the uplink's rate for results coming back
         self.warmup = warmup
-        # a frame waits hedge_factor x its predicted network-and-cloud time + hedge_margin_ms for
-        # the cloud, then the device starts finishing it as well
-        self.hedge_factor, self.hedge_margin_ms = 1.3, 30.0
-        self.cafile = cafile
         self.connect_timeout_s = connect_timeout_s
         cm = CostModel.from_plan(self.plan, edge_slowdown=edge_slowdown)
         self.controller = Controller(cm, policy=policy, latency_budget_ms=latency_budget_ms)
+        if self.postprocess:  # results will be post-processed (e.g. detections): small
+            self.controller.result_prior = [0.0 if c.local else _POSTPROCESSED_BYTES for c in self.plan.candidates]
         self.monitor = monitor or BandwidthMonitor()
         self.breaker = CircuitBreaker(max_cooldown_s=4.0)
+        # emulate_slowdown: see OrtBackend (a fast machine standing in for a slow device)
+        self.device = Device(threads=threads, emulate_slowdown=emulate_slowdown, max_jobs=self.max_inflight + 1)
+        self.link = CloudLink(self.plan, cloud, monitor=self.monitor, token=token, cafile=cafile, client_id=client_id,
+                              connect_timeout_s=connect_timeout_s, postprocess=self.postprocess,
+                              on_pong=self._on_pong) if cloud is not None else None
+        self.remote = RemoteCall(self.plan, self.link, self.controller, self.monitor, self.breaker,
+                                 self.device) if self.link is not None else None
         self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
         # even while they are not used, since encoding an image costs a few ms on any device
@@ -100,21 +105,11 @@ class EdgeAgent:
         self.size_every_s = 2.0
         self._prior_ratio = [nominal_ratio(self.input_codec if c.edge is None else self.codec)
                              for c in self.plan.candidates]
-        self._backends: dict[str, Backend] = {}
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="splitinfer-edge")
-        self._ch: Channel | None = None
-        self._pending: dict[int, asyncio.Future[wire.Message]] = {}
-        self._ids = itertools.count(1)
         self._frames = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._connected = asyncio.Event()
         self._closing = False
-        self._prober: ActiveProber | None = None
-        self._inflight_bytes = 0  # sent to the cloud, not yet answered
-        self.refused: RefusedError | None = None
-        self.last_error: str | None = None  # why the cloud is not connected, in words (TLS, refusal, ...)
-        self.reconnects = 0
-        self._postprocessed = ""  # what the connected cloud's results carry (its welcome says)
+        self._last_capture: float | None = None
+        self.frame_interval_ms = math.nan  # between frames' captures (EWMA): the device's steady load
 
     def _resolve(self, cid: str) -> int:
         ids = [c.id for c in self.plan.candidates]
@@ -124,28 +119,24 @@ class EdgeAgent:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> "EdgeAgent":
-        if self.cloud_url is not None:
-            self._spawn(self._supervise())
+        if self.link is not None:
+            self.link.start()
         if self.warmup:  # meanwhile the connection comes up
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._warm)
-        if self.cloud_url is not None:
-            with contextlib.suppress(asyncio.TimeoutError):  # not fatal: frames run locally meanwhile
-                await asyncio.wait_for(self._connected.wait(), self.connect_timeout_s)
+            await self.device.call(self._warm, 0.0)
+        if self.link is not None:  # not fatal: frames run locally meanwhile
+            await self.link.wait_connected(self.connect_timeout_s)
         return self
 
     async def aclose(self) -> None:
         if self._closing:
             return
         self._closing = True
-        ch = self._ch
-        if ch is not None:
-            with contextlib.suppress(Exception):
-                await ch.send(wire.Bye("edge closing"))
-            await ch.aclose()
+        if self.link is not None:
+            await self.link.aclose()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._executor.shutdown(wait=True)
+        self.device.shutdown()
 
     async def __aenter__(self) -> "EdgeAgent":
         return await self.start()
@@ -159,122 +150,29 @@ class EdgeAgent:
         t.add_done_callback(self._tasks.discard)
         return t
 
+    # ------------------------------------------------------------------ the link, seen from here
     @property
     def connected(self) -> bool:
-        return self._ch is not None and not self._ch.closed
+        return self.link is not None and self.link.connected
 
-    # ------------------------------------------------------------------ connection
-    async def _open(self) -> Channel:
-        url = self.cloud_url
-        if url == "auto":
-            from ..transport.discovery import discover
+    @property
+    def last_error(self) -> str | None:
+        """Why the cloud is not connected, in words (not found, refused, TLS, unreachable)."""
+        if self.link is None:
+            return "no cloud configured"
+        return self.link.last_error
 
-            found = await discover(plan_hash=self.plan.hash, first=True, timeout=3.0)
-            if not found:
-                raise ChannelError(f"no cloud service for plan {self.plan.hash[:12]} found by zeroconf")
-            svc = found[0]
-            # TLS is this agent's decision: an advertisement may ask for it, never turn it off
-            url = f"{'tls' if (svc.tls or self.cafile) else 'tcp'}://{svc.host}:{svc.port}"
-        assert url is not None
-        u = urlparse(url)
-        if u.scheme in ("tcp", "tls"):
-            from ..transport.tcp import TcpChannel, client_ssl_context
+    @property
+    def refused(self) -> RefusedError | None:
+        return self.link.refused if self.link is not None else None
 
-            ssl = client_ssl_context(self.cafile) if u.scheme == "tls" else None
-            ch: Channel = await TcpChannel.connect(u.hostname or "127.0.0.1", u.port or 7000, ssl=ssl,
-                                                   server_hostname=u.hostname, timeout=self.connect_timeout_s)
-        elif u.scheme == "webrtc":
-            from ..transport.webrtc import WebRtcChannel
+    @property
+    def reconnects(self) -> int:
+        return self.link.reconnects if self.link is not None else 0
 
-            ch = await WebRtcChannel.connect(f"http://{u.hostname}:{u.port or 8000}/v1/webrtc/offer",
-                                             timeout=self.connect_timeout_s,
-                                             headers={"Authorization": f"Bearer {self.token}"} if self.token else None)
-        else:
-            raise ChannelError(f"cloud URL {url!r}: expected auto, tcp://, tls:// or webrtc://")
-        await ch.send(wire.Hello(self.plan.hash, self.client_id, token=self.token))
-        reply = await asyncio.wait_for(ch.recv(), self.connect_timeout_s)
-        if isinstance(reply, wire.Refusal):
-            await ch.aclose()
-            raise RefusedError(f"the cloud refused the hello: {reply.message}", reply.reason)
-        if not isinstance(reply, wire.Welcome):
-            await ch.aclose()
-            raise ChannelError(f"expected a welcome, got {reply.KIND!r}")
-        self._postprocessed = reply.postprocess
-        if reply.postprocess:  # results will be post-processed (e.g. detections): small
-            self.controller.result_prior = [0.0 if c.local else _POSTPROCESSED_BYTES for c in self.plan.candidates]
-        return ch
-
-    async def _supervise(self) -> None:
-        """Keep a connection: connect, read until it drops, reconnect with backoff."""
-        backoff = 0.1
-        while not self._closing:
-            try:
-                ch = await self._open()
-            except RefusedError as exc:
-                self.refused = exc
-                self._note_error(str(exc), warn=True)
-                backoff = 5.0
-            except TlsError as exc:
-                self._note_error(str(exc), warn=True)
-                backoff = 5.0
-            except (ChannelError, OSError, asyncio.TimeoutError, SplitinferError) as exc:
-                self._note_error(f"cloud not reachable: {exc or type(exc).__name__}")
-            else:
-                self.refused = None
-                self.last_error = None
-                backoff = 0.1
-                self._ch = ch
-                self._connected.set()
-                self._prober = ActiveProber(self.monitor, ch.send)
-                probe = self._spawn(self._prober.run())
-                try:
-                    await self._read(ch)
-                finally:
-                    probe.cancel()
-                    self._ch = None
-                    self._connected.clear()
-                    for fut in self._pending.values():
-                        if not fut.done():
-                            fut.set_exception(ChannelClosed("the connection to the cloud was lost"))
-                    await ch.aclose()
-                self.reconnects += 1
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    def _note_error(self, message: str, *, warn: bool = False) -> None:
-        """Remember why the cloud is not connected (results say it); warn once per new reason."""
-        if message != self.last_error:
-            (log.warning if warn else log.info)("%s", message)
-        self.last_error = message
-
-    async def _read(self, ch: Channel) -> None:
-        while True:
-            try:
-                msg = await ch.recv(tensors=False)  # checked against the plan before decoding (replies.py)
-            except ChannelClosed:
-                return
-            except wire.ProtocolError as exc:
-                if ch.closed:
-                    return
-                rid = getattr(exc, "request_id", None)
-                fut = self._pending.pop(rid, None) if rid is not None else None
-                if fut is not None and not fut.done():  # a reply for a known request that breaks the rules
-                    fut.set_exception(BadReply(str(exc)))
-                else:
-                    log.warning("bad frame from the cloud: %s", exc)
-                continue
-            if isinstance(msg, (wire.Result, wire.Error)) and msg.request_id is not None:
-                fut = self._pending.pop(msg.request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-                # else: a late reply for a frame already finished locally; dropped
-            elif isinstance(msg, wire.Pong):
-                if self._prober is not None:
-                    self._prober.on_pong(msg)
-                if self.breaker.state(time.monotonic()) == "half-open":
-                    self.breaker.success()
-            elif isinstance(msg, wire.Bye):
-                return
+    def _on_pong(self) -> None:
+        if self.breaker.state(time.monotonic()) == "half-open":
+            self.breaker.success()
 
     def _downlink(self, uplink_mbps: float) -> float:
         """The rate results come back at: the uplink's unless told (links are rarely slower down)."""
@@ -292,7 +190,7 @@ class EdgeAgent:
         for i, cand in enumerate(self.plan.candidates):
             if cand.edge is None or (self.pinned is not None and i != self.pinned):
                 continue
-            backend = self._backend(str(self.plan.file(cand.edge)))
+            backend = self.device.backend(str(self.plan.file(cand.edge)))
             feeds = {k: zeros[k] for k in cand.edge.inputs}
             out = backend.run(feeds)
             t = time.perf_counter()
@@ -328,7 +226,7 @@ class EdgeAgent:
     async def _sample_sizes_later(self, inputs: Mapping[str, np.ndarray]) -> None:
         due = self._due_for_sizing()
         if due:  # on the device's thread, after the frame: a JPEG is a few ms
-            enc = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode_inputs, due, inputs)
+            enc = await self.device.call(lambda: self._encode_inputs(due, inputs), 3.0)
             self._observe_sizes(enc)
 
     def _whole_index(self) -> int | None:
@@ -345,25 +243,50 @@ class EdgeAgent:
         edge = self.plan.candidates[self._whole].edge if self._whole is not None else None
         return str(self.plan.file(edge)) if edge is not None else str(self.plan.model_file)
 
-    def _backend(self, path: str) -> Backend:
-        b = self._backends.get(path)
-        if b is None:
-            b = self._backends[path] = OrtBackend(path, threads=self.threads, emulate_slowdown=self.emulate_slowdown)
-        return b
-
-    async def _run_local(self, path: str, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-        def run() -> tuple[dict[str, np.ndarray], float]:
-            t = time.perf_counter()  # the run itself, not the wait for the device's thread
-            out = self._backend(path).run(feeds)
-            return out, (time.perf_counter() - t) * 1e3
-
-        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
-
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The frame's outputs in the agreed format (post-processed on the device when the cloud did not)."""
         if self.postprocess and "detections" not in outputs:
             return run_postprocess(self.postprocess, outputs)
         return outputs
 
+    # ------------------------------------------------------------------ the device's load
+    def _device_ms(self) -> list[float]:
+        """Device time per candidate: its edge segment (and encoding), or the whole model."""
+        return self.controller.edge_ms()
+
+    def _local_finish_ms(self, i: int) -> float:
+        """What finishing candidate ``i``'s frame on the device would take: the whole model for an
+        all-cloud frame, the rest of it (whole minus the edge part) for a split one."""
+        edge = self.controller.edge_ms()
+        if self._whole is None:
+            return self.controller.cloud_ms()[i] * self.controller.device_scale()
+        return edge[self._whole] if self.plan.candidates[i].edge is None else max(edge[self._whole] - edge[i], 0.0)
+
+    def _device_wait_ms(self) -> list[float]:
+        """Per candidate, how long its device work would wait: what is queued on the device now,
+        or, at a frame rate the candidate's device time cannot keep, the pipeline it would fill
+        (every frame behind ``max_inflight - 1`` others)."""
+        now_wait = self.device.wait_ms()
+        period = self.frame_interval_ms
+        out = []
+        for ms in self._device_ms():
+            if ms <= 0.5:  # no device work to speak of (all-cloud: a JPEG)
+                out.append(0.0)
+                continue
+            steady = (self.max_inflight - 1) * ms if (not math.isnan(period) and ms > period) else 0.0
+            out.append(max(now_wait, steady))
+        return out
+
+    def _note_capture(self, t0: float) -> None:
+        if self._last_capture is not None:
+            gap = (t0 - self._last_capture) * 1e3
+            if 0 < gap < 10_000:
+                a = 0.2
+                self.frame_interval_ms = gap if math.isnan(self.frame_interval_ms) else \
+                    (1 - a) * self.frame_interval_ms + a * gap
+        self._last_capture = t0
+
+    # ------------------------------------------------------------------ frames
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> FrameResult:
         """One frame. Never raises for cloud trouble: the frame is finished locally instead."""
         for spec in self.plan.inputs:
@@ -380,40 +303,47 @@ class EdgeAgent:
             self._spawn(self._sample_sizes_later(inputs))
         return r
 
+    def _conditions(self) -> tuple[bool, float, float]:
+        """Whether the cloud may be asked, the bandwidth to plan with, and the uplink backlog (ms)."""
+        cloud_ok = self.connected and self.breaker.allows(time.monotonic())
+        bw = self.monitor.estimate_mbps()
+        prober = self.link.prober if self.link is not None else None
+        if prober is not None:  # an overdue probe bounds the rate from above
+            bw = min(bw, prober.rate_bound_mbps())
+        # frames and probes ahead of this one on the uplink
+        ahead = (self.remote.inflight_bytes if self.remote is not None else 0) + \
+            (self.link.probe_bytes_in_flight() if self.link is not None else 0)
+        return cloud_ok, bw, ahead * 8 / (max(bw, 1e-3) * 1e3)
+
     async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],
                              captured: float | None = None) -> FrameResult:
         # latency counts from the frame's capture (time waiting for a free pipeline slot included)
         t0 = captured if captured is not None else time.perf_counter()
+        self._note_capture(t0)
         now = time.monotonic()
-        cloud_ok = self.connected and self.breaker.allows(now)
         encoded: dict[int, dict[str, Encoded]] = {}
         if self.pinned is None:
             # the first frame: a few ms, once (the encoding is reused if the frame goes that way)
             encoded = self._encode_inputs(self._due_for_sizing(only_unmeasured=True), inputs)
             self._observe_sizes(encoded)
-        bw = self.monitor.estimate_mbps()
-        if self._prober is not None:  # an overdue probe bounds the rate from above
-            bw = min(bw, self._prober.rate_bound_mbps())
-        # frames and probes ahead of this one on the uplink
-        ahead = self._inflight_bytes + (self._prober.inflight_bytes if self._prober is not None else 0)
-        backlog_ms = ahead * 8 / (max(bw, 1e-3) * 1e3)
+        cloud_ok, bw, backlog_ms = self._conditions()
+        device_wait = self._device_wait_ms()
+        common = dict(backlog_ms=backlog_ms, default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw),
+                      device_wait_ms=device_wait)
+        rtt = self.monitor.min_rtt_ms()  # base RTT (the 10 s minimum): queueing in a slow link is in the bandwidth
         if self.pinned is not None:
             i, explore = self.pinned, False
-            preds = self.controller.predict(bw, self.monitor.min_rtt_ms(), backlog_ms=backlog_ms,
-                                            default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))
-            pred = preds[i]
+            preds = self.controller.predict(bw, rtt, **common)  # type: ignore[arg-type]
         else:
-            # base RTT (the 10 s minimum): queueing in a slow link is already in the bandwidth
-            choice = self.controller.choose(bw, self.monitor.min_rtt_ms(), now, backlog_ms=backlog_ms,
-                                            allowed=None if cloud_ok else self.local,
-                                            default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw))
-            i, explore, pred, preds = choice.index, choice.explore, choice.predicted_ms, list(choice.predictions)
+            choice = self.controller.choose(bw, rtt, now, allowed=None if cloud_ok else self.local,
+                                            **common)  # type: ignore[arg-type]
+            i, explore, preds = choice.index, choice.explore, list(choice.predictions)
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
-        # Exploring thus costs device time, not latency.
+        # Exploring thus costs device time, not latency (and is not done while the device is full).
         whole = self._whole
         race = False
-        if explore and cloud_ok and whole is not None:
+        if explore and cloud_ok and whole is not None and self.device.has_room():
             cur = self.controller.current
             if i in self._input_only:
                 race = True
@@ -422,15 +352,17 @@ class EdgeAgent:
         pred = preds[i]
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards
-        conditions = {"bandwidth_mbps": bw, "rtt_ms": self.monitor.min_rtt_ms(), "backlog_ms": backlog_ms,
-                      "cloud_ok": cloud_ok, "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
+        conditions = {"bandwidth_mbps": bw, "rtt_ms": rtt, "backlog_ms": backlog_ms,
+                      "device_wait_ms": device_wait[i], "cloud_ok": cloud_ok,
+                      "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
                       "cloud_error": None if self.connected else self.last_error}
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
                    "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
         eout: dict[str, np.ndarray] = {}
+        edge_expect = self.controller.edge_ms()[i]
         if cand.edge is not None:
-            eout, timings["edge_ms"] = await self._run_local(str(self.plan.file(cand.edge)),
-                                                             {k: inputs[k] for k in cand.edge.inputs})
+            eout, timings["edge_ms"] = await self.device.run(str(self.plan.file(cand.edge)),
+                                                             {k: inputs[k] for k in cand.edge.inputs}, edge_expect)
             self.controller.observe_edge(i, timings["edge_ms"])
         if cand.local:
             outputs = self._finish(cand.finish({}, eout, self.plan.output_names))
@@ -439,32 +371,42 @@ class EdgeAgent:
                                conditions=conditions)
         cut = cand.cut_feed(inputs, eout)
         closed = False
+        local_expect = self._local_finish_ms(i)
 
         async def local() -> dict[str, np.ndarray]:
             # finish on the device: the cloud segment on the cut we have, or the whole model
             if cand.edge is None:
-                out, ms = await self._run_local(self._whole_model(), dict(inputs))
+                out, ms = await self.device.run(self._whole_model(), dict(inputs), local_expect)
                 if whole is not None:  # a real measurement of the all-edge candidate
                     self.controller.observe_edge(whole, ms)
             else:
                 assert cand.cloud is not None
-                cout, ms = await self._run_local(str(self.plan.file(cand.cloud)), cut)
+                cout, ms = await self.device.run(str(self.plan.file(cand.cloud)), cut, local_expect)
                 out = cand.finish(cut, cout, self.plan.output_names)
             if not closed:  # a raced run that lost finishes after the frame's record is made
                 timings["local_ms"] = ms
             return out
 
-        if cloud_ok:  # a pinned candidate too: an open breaker means the cloud is not asked
-            result, sent, reason = await self._remote(i, cand, cut, pred, timings, local, encoded.get(i), race=race)
+        if cloud_ok and self.remote is not None:  # a pinned candidate too: an open breaker means the cloud is not asked
+            codec = self.input_codec if cand.edge is None else self.codec
+            enc = encoded.get(i)
+            if enc is None:  # (else encoded already, when its size was sampled)
+                t = time.perf_counter()
+                enc = {k: encode_tensor(v, codec) for k, v in cut.items()}
+                timings["encode_ms"] = (time.perf_counter() - t) * 1e3
+                self.controller.observe_encode(i, timings["encode_ms"])
+            self._sized_at[i] = time.monotonic()
+            outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race)
+            result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
         else:
             result, sent = await local(), 0
-            reason = "circuit open" if self.connected else (
-                f"cloud unavailable: {self.last_error}" if self.last_error else "cloud unavailable")
+            reason = "circuit open" if self.connected else (self.link.why_not() if self.link is not None
+                                                            else "no cloud configured")
         closed = True
         batch = int(timings.pop("batch", 1))
         outputs = self._finish(result)
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3
-        if reason == _RACE_LOST:  # the device won the race: an all-edge frame that also measured the cloud
+        if reason == RACE_LOST:  # the device won the race: an all-edge frame that also measured the cloud
             assert whole is not None
             return FrameResult(index, outputs, self.plan.candidates[whole].id, "edge", None, sent, timings,
                                predicted_ms=preds[whole], explore=True, conditions=conditions)
@@ -474,142 +416,6 @@ class EdgeAgent:
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,
                            fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore,
                            conditions=conditions)
-
-    def _hedge_s(self, i: int, pred_ms: float) -> float:
-        """How long a frame waits for the cloud before the device starts finishing it too: the
-        predicted network-and-cloud time with a margin, not a fixed long timeout."""
-        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
-        return min(max((self.hedge_factor * network_ms + self.hedge_margin_ms) / 1e3, _MIN_WAIT_S), _MAX_WAIT_S)
-
-    async def _remote(self, i: int, cand: Candidate, cut: dict[str, np.ndarray], pred_ms: float,
-                      timings: dict[str, float], local: Callable[[], Awaitable[dict[str, np.ndarray]]],
-                      encoded: dict[str, Encoded] | None = None,
-                      race: bool = False) -> tuple[dict[str, np.ndarray], int, str | None]:
-        """Send the cut and wait for the cloud; if it is late, finish the frame on the device as
-        well and take whichever comes first (a hedged request). ``reason`` is None when the cloud
-        answered, else why the frame was finished locally. With ``race`` (exploring) the device
-        starts at once, and a device that wins is not the cloud failing: ``reason`` is
-        ``_RACE_LOST`` and the cloud's reply, whenever it comes, is measured as usual."""
-        ch = self._ch
-        if ch is None:
-            return await local(), 0, "cloud unavailable"
-        t = time.perf_counter()
-        codec = self.input_codec if cand.edge is None else self.codec
-        if encoded is None:  # (else encoded already, when its size was sampled)
-            encoded = {k: encode_tensor(v, codec) for k, v in cut.items()}
-            timings["encode_ms"] = (time.perf_counter() - t) * 1e3
-            self.controller.observe_encode(i, timings["encode_ms"])
-        wire_bytes = sum(e.nbytes for e in encoded.values())
-        self.controller.observe_bytes(i, wire_bytes)
-        self._sized_at[i] = time.monotonic()
-        hedge_s = 0.0 if race else self._hedge_s(i, pred_ms)
-        rid = next(self._ids)
-        fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        fut.add_done_callback(_consume)
-        while len(self._pending) > 256:  # replies that never came (a frame long finished locally)
-            self._pending.pop(next(iter(self._pending))).cancel()
-        req = wire.InferRequest(rid, self.plan.hash, cand.id, encoded, codec=codec,
-                                deadline_ms=_MAX_WAIT_S * 1e3, result_codec="raw")
-        sent_at = time.perf_counter()
-        sent = False
-
-        async def cloud() -> tuple[wire.Message, float]:
-            nonlocal sent
-            await ch.send(req)
-            sent = True
-            reply = await asyncio.shield(fut)  # a late reply still lands in fut (see _late_reply)
-            return reply, time.perf_counter()
-
-        remote = asyncio.ensure_future(cloud())
-        remote.add_done_callback(_consume)
-        fallback: asyncio.Future[dict[str, np.ndarray]] | None = None
-        self._inflight_bytes += wire_bytes
-        reason: str | None = None
-        try:
-            done, _ = await asyncio.wait({remote}, timeout=hedge_s) if hedge_s > 0 else (set(), set())
-            if not done:  # late: the device starts on it too; the first to finish wins
-                fallback = asyncio.ensure_future(local())
-                fallback.add_done_callback(_consume)
-                done, _ = await asyncio.wait({remote, fallback}, return_when=asyncio.FIRST_COMPLETED)
-                if remote not in done:
-                    reason = _RACE_LOST if race else f"cloud later than {hedge_s * 1e3:.0f} ms"
-            if remote in done and remote.exception() is not None:
-                exc = remote.exception()
-                reason = (f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else
-                          f"bad reply from the cloud: {exc}" if isinstance(exc, BadReply) else str(exc))
-        finally:
-            if reason != _RACE_LOST:
-                self._inflight_bytes -= wire_bytes
-        if reason == _RACE_LOST:
-            def measured(task: "asyncio.Future[tuple[wire.Message, float]]") -> None:
-                self._inflight_bytes -= wire_bytes
-                if not task.cancelled() and task.exception() is None:
-                    reply, arrived = task.result()
-                    if isinstance(reply, wire.Result):
-                        self._observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, {})
-
-            remote.add_done_callback(measured)
-            assert fallback is not None
-            return await fallback, wire_bytes, reason
-        if reason is not None:
-            failed = remote.done() and not remote.cancelled() and remote.exception() is not None
-            remote.cancel()
-            self.breaker.failure(time.monotonic())
-            if not failed:
-                # the link did not carry this frame in the time the device took: it carries less
-                # than that, and at most half the estimate; a reply arriving later says how much
-                elapsed_s = max(time.perf_counter() - sent_at, 1e-3)
-                rate = min(wire_bytes * 8 / elapsed_s / 1e6, self.monitor.raw_mbps() / 2)
-                self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
-                fut.add_done_callback(functools.partial(self._late_reply, wire_bytes))
-            else:
-                self._pending.pop(rid, None)
-            out = await (fallback if fallback is not None else local())
-            return out, wire_bytes if sent else 0, reason
-        reply, arrived = remote.result()
-        if isinstance(reply, wire.Error):
-            self.breaker.failure(time.monotonic())
-            return await (fallback or local()), wire_bytes, f"cloud error {reply.code}: {reply.message}"
-        assert isinstance(reply, wire.Result)
-        try:
-            outputs = reply_outputs(self.plan, cand, self._postprocessed, reply)
-        except (wire.ProtocolError, ValueError) as exc:  # never returned as a cloud result
-            self.breaker.failure(time.monotonic())
-            log.warning("bad reply from the cloud: %s", exc)
-            return await (fallback or local()), wire_bytes, f"bad reply from the cloud: {exc}"
-        if fallback is not None and not race:
-            fallback.cancel()  # not started yet: dropped; running: its result is ignored
-        # (racing, the device's run goes on: its time is the measurement the race was for)
-        self._observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings)
-        if self._postprocessed:
-            return outputs, wire_bytes, None  # post-processed by the cloud (e.g. detections)
-        return cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None
-
-    def _observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
-                       timings: dict[str, float]) -> None:
-        """What a reply says about the link, the cloud and this candidate."""
-        self.breaker.success()
-        tm = reply.timings
-        timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
-        timings["transfer_ms"] = max(elapsed_ms - tm.queue_ms - tm.compute_ms, 0.0)
-        timings["batch"] = tm.batch_size
-        self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
-        overhead_ms = max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0)
-        self.monitor.add_rtt(overhead_ms)
-        self.controller.observe_overhead(i, overhead_ms)
-        self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
-        if reply.info is not None:
-            self.controller.observe_result(i, reply.info.nbytes)
-
-    def _late_reply(self, nbytes: int, fut: "asyncio.Future[wire.Message]") -> None:
-        """A reply for a frame already finished locally: how long the request took to arrive is
-        still a real measurement of the link (the only one during an outage)."""
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        reply = fut.result()
-        if isinstance(reply, wire.Result) and reply.timings.recv_ms > 0:
-            self.monitor.add_transfer(nbytes, reply.timings.recv_ms / 1e3)
 
     async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],
                      *, fps: float | None = None) -> AsyncIterator[FrameResult]:
@@ -663,12 +469,6 @@ class EdgeAgent:
             producer.cancel()
             for t in pending:
                 t.cancel()
-
-
-def _consume(fut: "asyncio.Future[Any]") -> None:
-    """Mark a future's exception as seen: a reply future may fail after nobody waits for it."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 async def _aiter(frames: Any) -> AsyncIterator[Any]:

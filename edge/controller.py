@@ -130,6 +130,10 @@ class Controller:
         out = [e.value if not math.isnan(e.value) else p * g for e, p in zip(self._edge, self.cm.edge_ms)]
         return [t + (0.0 if math.isnan(enc.value) else enc.value) for t, enc in zip(out, self._encode)]
 
+    def device_scale(self) -> float:
+        """This device's measured time / the profile's, over any candidate (1 until measured)."""
+        return 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
+
     def cloud_ms(self) -> list[float]:
         g = 1.0 if math.isnan(self._cloud_scale.value) else self._cloud_scale.value
         return [c.value if not math.isnan(c.value) else p * g for c, p in zip(self._cloud, self.cm.cloud_ms)]
@@ -143,9 +147,12 @@ class Controller:
         return 0.0 if math.isnan(self._queue.value) else self._queue.value
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
-                backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None) -> list[float]:
+                backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
+                device_wait_ms: Sequence[float] | None = None) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
-        ``downlink_mbps``: charge the results coming back at this rate (None: results are free)."""
+        ``downlink_mbps``: charge the results coming back at this rate (None: results are free);
+        ``device_wait_ms``: per candidate, how long its device work would wait behind the device's
+        queue (frames in flight, hedges, a frame rate it cannot keep)."""
         results = self.result_bytes()
         pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
                                cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
@@ -160,16 +167,18 @@ class Controller:
                 if len(recent) >= 2:
                     typical = float(np.percentile(recent, 25))
                     pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
+        if device_wait_ms is not None:
+            pred = [p + w for p, w in zip(pred, device_wait_ms)]
         return pred
 
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
                default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0,
-               downlink_mbps: float | None = None) -> Choice:
+               downlink_mbps: float | None = None, device_wait_ms: Sequence[float] | None = None) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable)."""
         pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                            downlink_mbps=downlink_mbps, now=now)
+                            downlink_mbps=downlink_mbps, now=now, device_wait_ms=device_wait_ms)
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")

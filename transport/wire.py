@@ -109,6 +109,9 @@ class Hello(Message):
     client_id: str
     token: str | None = None
     protocol: int = PROTOCOL_VERSION
+    # the output format the edge wants for every frame ("" the model's outputs, "yolo" detections);
+    # None: not said (the service's default applies)
+    postprocess: str | None = None
 
 
 @dataclass
@@ -382,7 +385,8 @@ def _decode(frame: bytes | bytearray | memoryview, limits: Limits, info: FrameIn
         msg: Message = Hello(plan_hash=_field(header, "plan_hash", str, k, limits=limits),
                              client_id=_field(header, "client_id", str, k, limits=limits),
                              token=_field(header, "token", str, k, optional=True, limits=limits),
-                             protocol=_field(header, "protocol", int, k, limits=limits))
+                             protocol=_field(header, "protocol", int, k, limits=limits),
+                             postprocess=_field(header, "postprocess", str, k, optional=True, limits=limits))
     elif cls is Welcome:
         msg = Welcome(session=_field(header, "session", str, k, limits=limits),
                       server=_field(header, "server", str, k, limits=limits),

@@ -1,0 +1,207 @@
+"""The hedged remote call: send a frame's cut to the cloud, wait for the reply, and finish the
+frame on the device instead when the cloud is late, failing or gone — the first result wins.
+
+When to hedge: a frame waits for the cloud ``hedge_factor`` x its predicted network-and-cloud
+time + ``hedge_margin_ms``; from then on the device starts the frame only when it would finish
+sooner than the cloud is expected to (a reply already L ms late is expected to take about L
+more) and its queue has room, or when it must start to answer within the frame's deadline.
+A device busy with other frames thus does not take on a hedge it would finish later than the
+cloud. An exploring frame (``race``) starts on the device at once, and a device that wins is not
+the cloud failing; the cloud's reply, whenever it comes, is measured as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ChannelClosed, ChannelError
+from ..splitter.plan import Candidate, Plan
+from ..transport import wire
+from ..transport.bandwidth import BandwidthMonitor
+from ..transport.codecs import Encoded
+from .breaker import CircuitBreaker
+from .controller import Controller
+from .device import Device
+from .link import CloudLink, consume
+from .replies import BadReply, reply_outputs
+
+__all__ = ["RemoteCall", "RACE_LOST", "DEADLINE_S"]
+
+log = logging.getLogger(__name__)
+
+RACE_LOST = "raced: the device was first"  # an exploring frame the device finished first (not a fault)
+DEADLINE_S = 3.0  # the longest a frame waits for the cloud, whatever the prediction
+_MIN_WAIT_S = 0.03  # the shortest a frame waits before the device may start on it too
+
+Outputs = dict[str, np.ndarray]
+
+
+@dataclass
+class Outcome:
+    outputs: Outputs
+    sent: int  # bytes put on the wire
+    reason: str | None  # None: the cloud answered; else why the frame was finished on the device
+
+
+class RemoteCall:
+    """Sends frames to the cloud over ``link`` and hedges them on ``device``."""
+
+    def __init__(self, plan: Plan, link: CloudLink, controller: Controller, monitor: BandwidthMonitor,
+                 breaker: CircuitBreaker, device: Device, *, hedge_factor: float = 1.3,
+                 hedge_margin_ms: float = 30.0) -> None:
+        self.plan, self.link, self.controller, self.monitor = plan, link, controller, monitor
+        self.breaker, self.device = breaker, device
+        self.hedge_factor, self.hedge_margin_ms = hedge_factor, hedge_margin_ms
+        self.inflight_bytes = 0  # sent to the cloud, not yet answered
+        self.hedges = 0  # hedges started on the device
+        self.hedges_declined = 0  # hedge checks where the device would not have been sooner
+
+    def first_hedge_s(self, i: int, pred_ms: float) -> float:
+        """When a frame first considers the device: its predicted network-and-cloud time with a
+        margin, not a fixed long timeout."""
+        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
+        return min(max((self.hedge_factor * network_ms + self.hedge_margin_ms) / 1e3, _MIN_WAIT_S), DEADLINE_S)
+
+    def should_hedge(self, elapsed_ms: float, network_ms: float, local_ms: float) -> bool:
+        """Whether the device starts a late frame now: it would finish sooner than the cloud is
+        expected to, with room in its queue — or it must start now to answer by the deadline."""
+        finish_ms = self.device.wait_ms() + local_ms
+        if elapsed_ms + finish_ms >= DEADLINE_S * 1e3:
+            return True
+        late_ms = max(elapsed_ms - network_ms, self.hedge_margin_ms)
+        return self.device.has_room() and finish_ms < late_ms
+
+    async def call(self, i: int, cand: Candidate, cut: Outputs, encoded: dict[str, Encoded], codec: str,
+                   pred_ms: float, timings: dict[str, float], local: Callable[[], Awaitable[Outputs]],
+                   local_ms: float, *, race: bool = False) -> Outcome:
+        """Send ``encoded`` (the cut, encoded with ``codec``) as candidate ``i`` and wait for the
+        cloud, hedging on the device with ``local`` (expected to take ``local_ms``)."""
+        ch = self.link.channel
+        if ch is None:
+            return Outcome(await local(), 0, self.link.why_not())
+        wire_bytes = sum(e.nbytes for e in encoded.values())
+        self.controller.observe_bytes(i, wire_bytes)
+        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
+        rid, fut = self.link.expect()
+        fut.add_done_callback(consume)
+        req = wire.InferRequest(rid, self.plan.hash, cand.id, encoded, codec=codec,
+                                deadline_ms=DEADLINE_S * 1e3, result_codec="raw")
+        sent_at = time.perf_counter()
+        sent = False
+
+        async def cloud() -> tuple[wire.Message, float]:
+            nonlocal sent
+            await ch.send(req)
+            sent = True
+            reply = await asyncio.shield(fut)  # a late reply still lands in fut (see _late_reply)
+            return reply, time.perf_counter()
+
+        remote = asyncio.ensure_future(cloud())
+        remote.add_done_callback(consume)
+        fallback: asyncio.Future[Outputs] | None = None
+        self.inflight_bytes += wire_bytes
+        reason: str | None = None
+        try:
+            if race:
+                fallback = asyncio.ensure_future(local())
+            else:
+                wait_s = self.first_hedge_s(i, pred_ms)
+                while fallback is None:
+                    done, _ = await asyncio.wait({remote}, timeout=wait_s)
+                    if done:
+                        break
+                    elapsed_ms = (time.perf_counter() - sent_at) * 1e3
+                    if self.should_hedge(elapsed_ms, network_ms, local_ms):
+                        fallback = asyncio.ensure_future(local())
+                        self.hedges += 1
+                    else:
+                        self.hedges_declined += 1
+                        wait_s = max(min(local_ms, elapsed_ms) / 4e3, 0.01)
+            if fallback is not None:
+                fallback.add_done_callback(consume)
+                done, _ = await asyncio.wait({remote, fallback}, return_when=asyncio.FIRST_COMPLETED)
+                if remote not in done:
+                    reason = RACE_LOST if race else f"cloud later than {(time.perf_counter() - sent_at) * 1e3:.0f} ms"
+            if remote.done() and not remote.cancelled() and remote.exception() is not None:
+                exc = remote.exception()
+                reason = (f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else
+                          f"bad reply from the cloud: {exc}" if isinstance(exc, BadReply) else str(exc))
+        finally:
+            if reason != RACE_LOST:
+                self.inflight_bytes -= wire_bytes
+        if reason == RACE_LOST:
+            def measured(task: "asyncio.Future[tuple[wire.Message, float]]") -> None:
+                self.inflight_bytes -= wire_bytes
+                if not task.cancelled() and task.exception() is None:
+                    reply, arrived = task.result()
+                    if isinstance(reply, wire.Result):
+                        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, {})
+
+            remote.add_done_callback(measured)
+            assert fallback is not None
+            return Outcome(await fallback, wire_bytes, reason)
+        if reason is not None:
+            failed = remote.done() and not remote.cancelled() and remote.exception() is not None
+            remote.cancel()
+            self.breaker.failure(time.monotonic())
+            if not failed:
+                # the link did not carry this frame in the time the device took: it carries less
+                # than that, and at most half the estimate; a reply arriving later says how much
+                elapsed_s = max(time.perf_counter() - sent_at, 1e-3)
+                rate = min(wire_bytes * 8 / elapsed_s / 1e6, self.monitor.raw_mbps() / 2)
+                self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
+                fut.add_done_callback(functools.partial(self._late_reply, wire_bytes))
+            else:
+                self.link.forget(rid)
+            out = await (fallback if fallback is not None else local())
+            return Outcome(out, wire_bytes if sent else 0, reason)
+        reply, arrived = remote.result()
+        if isinstance(reply, wire.Error):
+            self.breaker.failure(time.monotonic())
+            return Outcome(await (fallback or local()), wire_bytes, f"cloud error {reply.code}: {reply.message}")
+        assert isinstance(reply, wire.Result)
+        try:
+            outputs = reply_outputs(self.plan, cand, self.link.postprocessed, reply)
+        except (wire.ProtocolError, ValueError) as exc:  # never returned as a cloud result
+            self.breaker.failure(time.monotonic())
+            log.warning("bad reply from the cloud: %s", exc)
+            return Outcome(await (fallback or local()), wire_bytes, f"bad reply from the cloud: {exc}")
+        if fallback is not None and not race:
+            fallback.cancel()  # not started yet: dropped; running: its result is ignored
+        # (racing, the device's run goes on: its time is the measurement the race was for)
+        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings)
+        if self.link.postprocessed:
+            return Outcome(outputs, wire_bytes, None)  # post-processed by the cloud (e.g. detections)
+        return Outcome(cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None)
+
+    def observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
+                      timings: dict[str, float]) -> None:
+        """What a reply says about the link, the cloud and this candidate."""
+        self.breaker.success()
+        tm = reply.timings
+        timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
+        timings["transfer_ms"] = max(elapsed_ms - tm.queue_ms - tm.compute_ms, 0.0)
+        timings["batch"] = tm.batch_size
+        self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
+        overhead_ms = max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0)
+        self.monitor.add_rtt(overhead_ms)
+        self.controller.observe_overhead(i, overhead_ms)
+        self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
+        if reply.info is not None:
+            self.controller.observe_result(i, reply.info.nbytes)
+
+    def _late_reply(self, nbytes: int, fut: "asyncio.Future[wire.Message]") -> None:
+        """A reply for a frame already finished locally: how long the request took to arrive is
+        still a real measurement of the link (the only one during an outage)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        reply = fut.result()
+        if isinstance(reply, wire.Result) and reply.timings.recv_ms > 0:
+            self.monitor.add_transfer(nbytes, reply.timings.recv_ms / 1e3)
