@@ -277,6 +277,12 @@ class EdgeAgent:
             out.append(max(now_wait, steady))
         return out
 
+    def _faster_would_matter(self, bw: float, rtt: float, preds: list[float], common: dict[str, Any]) -> bool:
+        """Whether a link four times faster than the estimate would pick another candidate: then
+        finding the link's real rate is worth probing for."""
+        faster = self.controller.predict(bw * 4, rtt, **common)
+        return int(np.argmin(faster)) != int(np.argmin(preds))
+
     def _note_capture(self, t0: float) -> None:
         if self._last_capture is not None:
             gap = (t0 - self._last_capture) * 1e3
@@ -338,6 +344,9 @@ class EdgeAgent:
             choice = self.controller.choose(bw, rtt, now, allowed=None if cloud_ok else self.local,
                                             **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
+        prober = self.link.prober if self.link is not None else None
+        if prober is not None:  # ramp the probes up while a faster link would change the choice
+            prober.want_more = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
         # Exploring thus costs device time, not latency (and is not done while the device is full).

@@ -5,7 +5,10 @@ The estimator follows adaptive-bitrate players (Shaka, dash.js): each throughput
 weighted moving averages whose weight is the sample's transfer time, one fast and one slow. The
 estimate is the minimum of the two (quick to fall, slow to believe a rise), bias-corrected while
 little weight has accumulated, times a safety factor. Samples from tiny frames are left out of
-the throughput (their timing is noise) but still give RTT.
+the throughput (their timing is noise) but still give RTT. A transfer too fast to time (under
+``min_sample_s``) is a lower bound, not nothing: the link carried at least its bytes in that
+time. While no timed sample says otherwise, the estimate is at least the freshest such bound, so a
+fast link (loopback, a LAN) is not left at the prior.
 
 Defaults were chosen for the figure in issue 3: after a step from 50 to 5 Mbit/s and back, the
 estimate is within ±20% of the real rate within 2 s of saturating traffic
@@ -13,7 +16,10 @@ estimate is within ±20% of the real rate within 2 s of saturating traffic
 
 :class:`ActiveProber` sends padded pings when no data has flowed for a while, so an all-edge
 period still notices the bandwidth coming back; probe traffic is bounded to a share of the
-estimated link.
+estimated link. When the caller says a higher rate would change what it does (``want_more``), the
+prober ramps up instead, as TCP slow start and BBR's startup do: back-to-back probes, each twice
+the last, until the measured rate stops growing (less than 25 % over two rounds) or the largest
+probe is reached; then it rests ``ramp_every_s`` before another ramp.
 """
 
 from __future__ import annotations
@@ -78,16 +84,29 @@ class BandwidthMonitor:
         self.clock = clock
         self.samples = 0
         self.last_sample_at = -math.inf
+        self.floor_ttl_s = 3.0  # a lower bound from a too-fast transfer holds this long unless renewed
+        self._floor: tuple[float, float] | None = None  # (Mbit/s, at): the freshest lower bound
         self._srtt: float | None = None
         self._rtts: deque[tuple[float, float]] = deque()  # (time, ms) over the last 10 s
 
     # ------------------------------------------------------------------ samples
     def add_transfer(self, nbytes: int, seconds: float, at: float | None = None) -> bool:
-        """A transfer of ``nbytes`` that took ``seconds`` first to last byte. False if ignored."""
-        if nbytes < self.min_sample_bytes or seconds < self.min_sample_s:
+        """A transfer of ``nbytes`` that took ``seconds`` first to last byte. False if ignored.
+
+        One faster than ``min_sample_s`` is a lower bound (its bytes in ``min_sample_s``): the
+        estimate is at least that until a timed sample comes or the bound is ``floor_ttl_s`` old."""
+        if nbytes < self.min_sample_bytes:
             return False
-        mbps = nbytes * 8 / seconds / 1e6
         now = self.clock() if at is None else at
+        if seconds < self.min_sample_s:
+            bound = nbytes * 8 / self.min_sample_s / 1e6
+            if self._floor is None or now - self._floor[1] > self.floor_ttl_s or bound >= self._floor[0]:
+                self._floor = (bound, now)
+            else:  # a smaller bound renews the larger one's freshness: both say the link is fast
+                self._floor = (self._floor[0], now)
+            return True
+        self._floor = None  # a timed transfer is what the link does now
+        mbps = nbytes * 8 / seconds / 1e6
         gap = now - self.last_sample_at
         if self.samples and gap > self.stale_after_s:
             # halve the old samples' weight for every stale_after_s of silence beyond the first
@@ -111,10 +130,16 @@ class BandwidthMonitor:
 
     # ------------------------------------------------------------------ estimates
     def raw_mbps(self) -> float:
-        """min(fast, slow), bias-corrected, before the safety factor."""
-        if self.samples == 0:
-            return self.default_mbps
-        return min(self.fast.value, self.slow.value)
+        """min(fast, slow), bias-corrected, before the safety factor; at least a fresh lower bound."""
+        ewma = self.default_mbps if self.samples == 0 else min(self.fast.value, self.slow.value)
+        bound = self.lower_bound_mbps()
+        return max(ewma, bound) if bound is not None else ewma
+
+    def lower_bound_mbps(self) -> float | None:
+        """The freshest bound from transfers too fast to time (None when none holds)."""
+        if self._floor is None or self.clock() - self._floor[1] > self.floor_ttl_s:
+            return None
+        return self._floor[0]
 
     def estimate_mbps(self) -> float:
         """What the cost model should assume the uplink carries now."""
@@ -128,8 +153,9 @@ class BandwidthMonitor:
         return min((r for _, r in self._rtts), default=self.rtt_ms())
 
     def idle_s(self) -> float:
-        """Seconds since the last throughput sample."""
-        return self.clock() - self.last_sample_at
+        """Seconds since the last throughput sample (a lower bound counts)."""
+        last = max(self.last_sample_at, self._floor[1] if self._floor is not None else -math.inf)
+        return self.clock() - last
 
 
 class ActiveProber:
@@ -144,7 +170,7 @@ class ActiveProber:
     def __init__(self, monitor: BandwidthMonitor, send: Callable[[Ping], Awaitable[object]], *,
                  idle_s: float = 0.5, probe_ms: float = 60.0, share: float = 0.1,
                  min_probe_bytes: int = 48 * 1024, max_probe_bytes: int = 2 << 20,
-                 max_interval_s: float = 2.0) -> None:
+                 max_interval_s: float = 2.0, ramp_every_s: float = 10.0) -> None:
         self.monitor, self.send = monitor, send
         self.idle_s, self.probe_ms, self.share = idle_s, probe_ms, share
         self.min_probe_bytes, self.max_probe_bytes = min_probe_bytes, max_probe_bytes
@@ -155,6 +181,14 @@ class ActiveProber:
         self._last_probe = -math.inf
         self._inflight: dict[int, tuple[float, int]] = {}  # seq -> (sent at, bytes)
         self.last_probe_mbps = 0.0
+        # the ramp (slow start): on while the caller says a higher rate would matter
+        self.want_more = True  # until the caller says otherwise: a new link is measured at once
+        self.ramp_every_s = ramp_every_s  # rest between ramps that found the link's rate
+        self.ramps = 0  # ramps finished
+        self._ramp_size = 0  # the ramp's next probe size (0: not ramping)
+        self._ramp_best = 0.0  # the best rate this ramp measured
+        self._ramp_stalls = 0  # rounds without 25 % growth
+        self._ramp_rest_until = -math.inf
 
     def rate_bound_mbps(self, now: float | None = None) -> float:
         """What unanswered probes say: a probe of n bytes sent t seconds ago and not yet answered
@@ -180,14 +214,40 @@ class ActiveProber:
         bps = max(self._rate_bps(), 1.0)
         return min(self.max_interval_s, max(self.idle_s, self.probe_size() / (self.share * bps)))
 
+    @property
+    def ramping(self) -> bool:
+        return self._ramp_size > 0
+
+    def _start_ramp(self, now: float) -> bool:
+        if self.ramping or not self.want_more or now < self._ramp_rest_until:
+            return self.ramping
+        self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
+        return True
+
+    def _ramp_round(self, mbps: float, now: float) -> None:
+        """One ramp probe answered: grow, or stop when the rate stopped growing."""
+        if mbps >= 1.25 * self._ramp_best:
+            self._ramp_best, self._ramp_stalls = mbps, 0
+        else:
+            self._ramp_stalls += 1
+        if self._ramp_stalls >= 2 or self._ramp_size >= self.max_probe_bytes or not self.want_more:
+            self._ramp_size = 0
+            self.ramps += 1
+            self._ramp_rest_until = now + self.ramp_every_s
+        else:
+            self._ramp_size = min(self._ramp_size * 2, self.max_probe_bytes)
+
     def due(self, now: float) -> bool:
-        return (self.monitor.idle_s() >= self.idle_s and now - self._last_probe >= self.interval_s()
-                and not self._inflight)
+        if self._inflight:
+            return False
+        if self._start_ramp(now):  # back to back while ramping
+            return True
+        return self.monitor.idle_s() >= self.idle_s and now - self._last_probe >= self.interval_s()
 
     async def probe(self) -> None:
         now = self.monitor.clock()
         self._seq += 1
-        size = self.probe_size()
+        size = self._ramp_size if self.ramping else self.probe_size()
         self._last_probe = now
         self._inflight[self._seq] = (now, size)
         self.sent += 1
@@ -196,11 +256,14 @@ class ActiveProber:
 
     def on_pong(self, pong: Pong) -> None:
         now = self.monitor.clock()
-        self._inflight.pop(pong.seq, None)
-        if pong.recv_ms > 0:
-            self.last_probe_mbps = pong.nbytes * 8 / (pong.recv_ms / 1e3) / 1e6
+        ours = self._inflight.pop(pong.seq, None) is not None  # (else one given up on: still a measurement)
+        # a probe too fast to time measured at least its bytes in the monitor's shortest timed sample
+        seconds = max(pong.recv_ms / 1e3, self.monitor.min_sample_s)
+        self.last_probe_mbps = pong.nbytes * 8 / seconds / 1e6
         self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
         self.monitor.add_rtt((now - pong.sent_at) * 1e3 - pong.recv_ms)
+        if ours and self.ramping:
+            self._ramp_round(self.last_probe_mbps, now)
 
     async def run(self, tick_s: float = 0.05) -> None:
         """Probe whenever due, until cancelled. A probe unanswered after ``max_interval_s`` is dropped."""
@@ -209,6 +272,9 @@ class ActiveProber:
             for seq, (at, _) in list(self._inflight.items()):
                 if now - at > self.max_interval_s * 2:
                     del self._inflight[seq]
+                    if self.ramping:  # the link did not carry it: the ramp is over
+                        self._ramp_stalls = 2
+                        self._ramp_round(0.0, now)
             if self.due(now):
                 await self.probe()
             await asyncio.sleep(tick_s)

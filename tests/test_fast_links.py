@@ -1,0 +1,113 @@
+"""Fast links are found: on loopback and behind a 100 Mbit/s emulated link, a slowed device hands
+its frames to the cloud within a few seconds (the estimate once sat at its 5 Mbit/s prior
+forever: transfers too fast to time were ignored, and probes were sized by that prior). Also the
+monitor's lower bounds and the prober's ramp on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from conftest import _export, arun
+
+pytest.importorskip("aiohttp")
+
+from splitinfer.cloud import CloudService  # noqa: E402
+from splitinfer.edge import EdgeAgent  # noqa: E402
+from splitinfer.splitter import Plan  # noqa: E402
+from splitinfer.splitter.profiler import random_feeds  # noqa: E402
+from splitinfer.transport import ActiveProber, BandwidthMonitor, LinkEmulator  # noqa: E402
+from splitinfer.transport.wire import Pong  # noqa: E402
+
+SLOW = 30.0  # the device: this many times slower than this machine
+
+
+@pytest.fixture(scope="module")
+def plan128(tmp_path_factory):
+    """At 128x128 the input is ~100 KB as fp16: at the 5 Mbit/s prior the device looks faster."""
+    from splitinfer.splitter import split_model
+
+    d = tmp_path_factory.mktemp("fast")
+    out = d / "yolo128"
+    split_model(_export("yolo-n", (1, 3, 128, 128), d / "yolo128.onnx"), out, budget_s=0.05)
+    return out
+
+
+@pytest.mark.parametrize("rate_mbps", [None, 100.0], ids=["loopback", "100mbit"])
+def test_a_fast_link_is_discovered_and_the_cloud_is_chosen(plan128, rate_mbps):
+    yolo_plan = plan128
+    plan = Plan.load(yolo_plan)
+    fs = [random_feeds(plan.inputs, seed=k) for k in range(4)]
+
+    async def main():
+        async with CloudService([yolo_plan], listen=("127.0.0.1", 0), http=None, advertise=False) as svc:
+            emu = LinkEmulator(("127.0.0.1", svc.port), rate_mbps=rate_mbps) if rate_mbps else None
+            if emu is not None:
+                await emu.start()
+            try:
+                port = emu.port if emu is not None else svc.port
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{port}", emulate_slowdown=SLOW) as ag:
+                    t0 = time.monotonic()
+                    log = []
+                    async for r in ag.stream((fs[k % 4] for k in range(10_000)), fps=10):
+                        log.append((time.monotonic() - t0, r))
+                        if log[-1][0] > 5.0:
+                            break
+                    return log, ag.monitor.estimate_mbps(), ag.controller.edge_ms()
+            finally:
+                if emu is not None:
+                    await emu.aclose()
+
+    log, mbps, edge_ms = arun(main(), timeout=90)
+    i = [c.id for c in plan.candidates].index("edge")
+    late = [r for t, r in log if t > 3.0 and not r.explore]
+    remote = [r for r in late if r.placement in ("cloud", "split")]
+    assert len(remote) >= 0.8 * len(late), ([(round(t, 2), r.candidate, r.placement) for t, r in log], mbps)
+    assert mbps > 20, mbps  # not the 5 Mbit/s prior
+    # and it was worth it: the cloud answers faster than this device computes
+    assert sorted(r.timings["total_ms"] for r in remote)[len(remote) // 2] < edge_ms[i]
+
+
+def test_a_transfer_too_fast_to_time_is_a_lower_bound():
+    now = [0.0]
+    m = BandwidthMonitor(clock=lambda: now[0])
+    assert m.add_transfer(400_000, 0.0005)  # 400 KB in 0.5 ms: at least 400 KB per 2 ms
+    assert m.raw_mbps() == pytest.approx(400_000 * 8 / m.min_sample_s / 1e6)
+    now[0] = 1.0
+    m.add_transfer(100_000, 0.1)  # a timed transfer is what the link does now: 8 Mbit/s
+    assert m.raw_mbps() == pytest.approx(8.0)
+    m.add_transfer(100_000, 0.0001)
+    now[0] = 1.0 + m.floor_ttl_s + 0.1  # a bound that is not renewed expires
+    assert m.raw_mbps() == pytest.approx(8.0)
+
+
+def test_the_prober_ramps_up_until_the_rate_stops_growing():
+    """Slow start: back-to-back probes, each twice the last, while a faster link would matter;
+    they stop when the measured rate stops growing, and rest before another ramp."""
+    now = [0.0]
+    link_mbps = 40.0
+    m = BandwidthMonitor(clock=lambda: now[0])
+    sizes = []
+
+    async def send(ping):
+        sizes.append(ping.padding)
+
+    prober = ActiveProber(m, send)
+
+    async def main():
+        for _ in range(12):
+            if not prober.due(now[0]):
+                break
+            await prober.probe()
+            size = sizes[-1]
+            seconds = size * 8 / (link_mbps * 1e6)
+            now[0] += seconds + 0.01
+            prober.on_pong(Pong(prober._seq, now[0] - seconds - 0.01, recv_ms=seconds * 1e3, nbytes=size))
+    asyncio.run(main())
+    assert sizes[:3] == [prober.min_probe_bytes, 2 * prober.min_probe_bytes, 4 * prober.min_probe_bytes]
+    assert not prober.ramping and prober.ramps == 1
+    assert len(sizes) <= 4  # the rate stopped growing at once: two rounds more, then it rests
+    assert m.raw_mbps() == pytest.approx(link_mbps, rel=0.05)
+    assert not prober.due(now[0])  # resting (and not idle long enough for a steady probe)
