@@ -40,6 +40,7 @@ def check_request(plan: Plan, req: wire.InferRequest, max_rows: int) -> Candidat
         missing, extra = sorted(set(want) - got), sorted(got - set(want))
         raise RequestError("shape", f"candidate {cand.id!r} takes tensors {sorted(want)}; missing {missing}, "
                                      f"unexpected {extra}")
+    pixels = {t.name: t.pixels for t in plan.inputs}
     rows = None
     for name, arr in req.tensors.items():
         spec: TensorSpec = want[name]
@@ -50,6 +51,9 @@ def check_request(plan: Plan, req: wire.InferRequest, max_rows: int) -> Candidat
         if not (ok_dtype and ok_shape):
             raise RequestError("shape", f"tensor {name!r}: expected {spec.dtype} {list(spec.shape)}, got "
                                          f"{dtype} {list(shape)}")
+        if isinstance(arr, Encoded) and arr.codec == "jpeg" and pixels.get(name) is None:
+            raise RequestError("bad_request", f"tensor {name!r} came as jpeg, but the plan does not record how camera "
+                                              "pixels become this input (split with --normalize)")
         if rows is not None and shape[0] != rows:
             raise RequestError("shape", f"tensor {name!r}: batch {shape[0]} differs from the others' {rows}")
         rows = shape[0]

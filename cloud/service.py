@@ -34,6 +34,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .. import __version__
+from .._types import PixelFormat
 from ..errors import ChannelClosed, ChannelError, PlanError, ProtocolError, SplitinferError
 from ..postprocess import POSTPROCESSORS, postprocess
 from ..splitter.plan import Candidate, Plan
@@ -73,6 +74,11 @@ def load_tokens(path: str | os.PathLike[str]) -> set[str]:
 class _Served:
     plan: Plan
     postprocess: str | None
+
+    @property
+    def pixels(self) -> dict[str, PixelFormat]:
+        """How each image input's camera pixels become the model input (for JPEG frames)."""
+        return {t.name: t.pixels for t in self.plan.inputs if t.pixels is not None}
 
 
 class CloudService:
@@ -472,7 +478,7 @@ class CloudService:
             if self.state != "running":
                 raise RequestError("shutdown", "the service is shutting down")
             try:
-                req.tensors = wire.decode_tensors(req.tensors)
+                req.tensors = wire.decode_tensors(req.tensors, served.pixels)  # a JPEG becomes the model input
             except ProtocolError as exc:
                 raise RequestError("bad_request", str(exc)) from None
             deadline = received + req.deadline_ms / 1e3 if req.deadline_ms is not None else None

@@ -8,7 +8,7 @@ the error tree and tensor types. It stays import-light so the edge install stays
 
 from __future__ import annotations
 
-from ._types import TensorSpec
+from ._types import PixelFormat, TensorSpec
 from .errors import (
     ChannelClosed,
     ChannelError,
@@ -40,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "TensorSpec",
+    "PixelFormat",
     "SplitinferError",
     "MissingExtraError",
     "SourceError",

@@ -25,8 +25,8 @@ _EXTRAS = {"torch": "torch", "onnxscript": "torch", "matplotlib": "report", "aio
            "av": "demo", "ray": "ray"}
 
 
-def _number(kind: type, *, low: float, inclusive: bool = True) -> Callable[[str], Any]:
-    """An argparse type: a number of ``kind`` at least (or above) ``low``; the message names it."""
+def _number(kind: type, *, low: float, inclusive: bool = True, high: float = math.inf) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` at least (or above) ``low``, at most ``high``; the message names it."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -35,6 +35,8 @@ def _number(kind: type, *, low: float, inclusive: bool = True) -> Callable[[str]
                                              f"got {text!r}") from None
         if not math.isfinite(value) or (value < low if inclusive else value <= low):
             raise argparse.ArgumentTypeError(f"expected a number {'>=' if inclusive else '>'} {low:g}, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected a number <= {high:g}, got {text!r}")
         return value
 
     return parse
@@ -43,6 +45,7 @@ def _number(kind: type, *, low: float, inclusive: bool = True) -> Callable[[str]
 _nonneg = _number(float, low=0.0)
 _positive = _number(float, low=0.0, inclusive=False)
 _count = _number(int, low=1)
+_quality = _number(int, low=1, high=95)
 
 
 # ---------------------------------------------------------------- parser
@@ -61,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fix an input's shape (repeat per input)")
     s.add_argument("--candidates", type=_count, default=8, metavar="K", help="keep at most K candidate cuts (default 8)")
     s.add_argument("--cut", metavar="T1,T2", help="force this cut (tensor names) besides the two ends")
+    s.add_argument("--normalize", metavar="PIXELS",
+                   help="how camera pixels become the image input: imagenet, 0-1, 0-255, or "
+                        "mean=A,B,C,std=A,B,C[,scale=S][,order=bgr] (default: read from the graph; ref: models 0-1)")
     s.add_argument("--input", metavar="NPY", help="also verify on this .npy/.npz input")
     s.add_argument("--threads", type=_count, default=None, help="onnxruntime intra-op threads (default: all)")
     s.add_argument("--edge-slowdown", type=_positive, default=5.0,
@@ -140,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     er.add_argument("--token-file", metavar="PATH")
     er.add_argument("--cafile", metavar="PEM", help="trust this CA (or self-signed certificate) for tls:// clouds")
     er.add_argument("--codec", default="fp16", help="tensor codec for cut tensors (default fp16)")
-    er.add_argument("--input-codec", default=None, help="codec for the all-cloud input, e.g. jpeg (default: --codec)")
+    er.add_argument("--input-codec", default=None,
+                    help="codec for the all-cloud input (default: jpeg for an image input whose pixel format the plan "
+                         "records, else --codec)")
+    er.add_argument("--jpeg-quality", type=_quality, default=90, metavar="Q", help="JPEG quality 1-95 (default 90)")
     er.add_argument("--threads", type=_count, default=None, help="onnxruntime threads on the edge")
     er.add_argument("--candidate", metavar="ID", help="pin one candidate (an id, edge or cloud) instead of adapting")
     er.add_argument("--policy", choices=("latency", "bytes"), default="latency")

@@ -118,6 +118,20 @@ def _load_source(arg: str, shapes: dict[str, tuple[int, ...]]) -> tuple[Any, Any
     return Path(arg), None, shapes
 
 
+def _normalize(args: argparse.Namespace) -> Any:
+    """``--normalize`` as given; the reference models' image inputs take RGB in [0, 1]."""
+    if args.normalize is not None:
+        from ._types import PixelFormat
+
+        try:
+            return PixelFormat.parse(args.normalize)
+        except ValueError as exc:
+            raise SplitinferError(f"--normalize: {exc}") from None
+    if args.model.startswith("ref:") and args.model[4:] in ("yolo-n", "yolo-s", "chain"):
+        return "0-1"
+    return None
+
+
 def _cmd_split(args: argparse.Namespace) -> int:
     from .splitter import parse_input_shape, plan_summary, split_model
 
@@ -129,7 +143,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
                           max_candidates=args.candidates, cut=args.cut.split(",") if args.cut else None,
                           verify=not args.no_verify, verify_inputs=extra, threads=args.threads,
                           profile=not args.no_profile, force=args.force, edge_slowdown=args.edge_slowdown,
-                          progress=progress)
+                          normalize=_normalize(args), progress=progress)
     summary = plan_summary(res.plan, edge_slowdown=args.edge_slowdown)
     ver = res.verification.to_json() if res.verification else None
     if args.json:
@@ -314,6 +328,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .edge import EdgeAgent
+    from .edge.agent import input_codec_for
     from .edge.sources import frames_from
     from .splitter import Plan
 
@@ -331,6 +346,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
             ssl.create_default_context(cafile=args.cafile)
         except (ssl.SSLError, OSError) as exc:
             raise SplitinferError(f"--cafile {args.cafile}: not a PEM certificate: {exc}") from exc
+    input_codec_for(plan, args.input_codec, args.codec)  # a refused codec is exit 2 before anything is written
     frames = frames_from(args.source, plan, args.frames)
     # line-buffered: a run that is stopped early keeps every finished frame's record
     out = open(args.out, "w", buffering=1) if args.out else None  # noqa: SIM115 - closed below
@@ -344,7 +360,8 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
         async with EdgeAgent(plan, cloud, token=token, codec=args.codec, input_codec=args.input_codec,
                              threads=args.threads, candidate=args.candidate, cafile=args.cafile,
                              policy=args.policy, latency_budget_ms=args.latency_budget_ms,
-                             postprocess=args.postprocess, emulate_slowdown=args.emulate_slowdown) as agent:
+                             postprocess=args.postprocess, emulate_slowdown=args.emulate_slowdown,
+                             jpeg_quality=args.jpeg_quality) as agent:
             # models loaded and timed, connection up (or not): what comes next is the frames
             state = "connected" if agent.connected else f"not connected ({agent.last_error or 'no answer yet'})"
             print(f"edge: ready, cloud {state}", file=sys.stderr, flush=True)

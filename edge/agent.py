@@ -56,6 +56,24 @@ def nominal_ratio(codec: str) -> float:
     return ratio * (0.7 if comp else 1.0)
 
 
+def input_codec_for(plan: Plan, input_codec: str | None, codec: str) -> str:
+    """The codec an all-cloud frame's inputs travel in: ``jpeg`` by default when every image input's
+    pixel format is in the plan (what a camera sends anyway), else ``codec``. Asking for ``jpeg``
+    on an image input whose pixel format the plan does not know is refused: a normalised input
+    would be clipped to [0, 1] on the way."""
+    images = [t for t in plan.inputs if t.is_image]
+    if input_codec is None:
+        return "jpeg" if images and all(t.pixels is not None for t in images) else codec
+    if input_codec.partition("+")[0] == "jpeg":
+        unknown = [t.name for t in images if t.pixels is None]
+        if unknown:
+            raise SplitinferError(f"--input-codec jpeg: the plan does not record how camera pixels become input "
+                                  f"{unknown[0]!r} (scale, mean/std, channel order); split the model again with "
+                                  f"--normalize (e.g. --normalize imagenet, --normalize 0-1, or "
+                                  f"--normalize mean=A,B,C,std=A,B,C)")
+    return input_codec
+
+
 class EdgeAgent:
     """Split inference on the edge device. ``cloud`` is ``"auto"`` (zeroconf), ``tcp://host:port``,
     ``tls://host:port``, ``webrtc://host:port`` (the cloud's HTTP port), or None (all local).
@@ -69,12 +87,16 @@ class EdgeAgent:
                  postprocess: str | None = None, threads: int | None = None, edge_slowdown: float = 1.0,
                  monitor: BandwidthMonitor | None = None, connect_timeout_s: float = 5.0,
                  cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0,
-                 downlink_mbps: float | None = None, warmup: bool = True) -> None:
+                 downlink_mbps: float | None = None, warmup: bool = True, jpeg_quality: int = 90) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+        if not 1 <= jpeg_quality <= 95:
+            raise SplitinferError(f"jpeg_quality must be 1-95, got {jpeg_quality}")
+        self.jpeg_quality = jpeg_quality
+        self._pixels = {t.name: t.pixels for t in self.plan.inputs if t.pixels is not None}
         if postprocess and postprocess not in POSTPROCESSORS:
             raise SplitinferError(f"postprocess must be one of {sorted(POSTPROCESSORS)}, got {postprocess!r}")
         self.cloud_url = cloud
-        self.codec, self.input_codec = codec, input_codec or codec
+        self.codec, self.input_codec = codec, input_codec_for(self.plan, input_codec, codec)
         self.pinned = self._resolve(candidate) if candidate else None
         self.max_inflight = max(1, max_inflight)
         self.postprocess = postprocess or ""
@@ -200,8 +222,12 @@ class EdgeAgent:
                 for v in cand.cut_feed(zeros, out).values():
                     encode_tensor(v, self.codec)
         if self.pinned is None or self.plan.candidates[self.pinned].edge is None:
-            for v in zeros.values():
-                encode_tensor(v, self.input_codec)
+            for k, v in zeros.items():
+                self._encode(k, v, self.input_codec)
+
+    def _encode(self, name: str, value: np.ndarray, codec: str) -> Encoded:
+        """One tensor for the wire; a model input as JPEG goes back to its camera pixels first."""
+        return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=self.jpeg_quality)
 
     def _due_for_sizing(self, only_unmeasured: bool = False) -> list[int]:
         """All-cloud candidates whose wire size should be measured on this frame (and marks them)."""
@@ -213,7 +239,7 @@ class EdgeAgent:
         return due
 
     def _encode_inputs(self, due: list[int], inputs: Mapping[str, np.ndarray]) -> dict[int, dict[str, Encoded]]:
-        return {i: {t.name: encode_tensor(inputs[t.name], self.input_codec) for t in self.plan.candidates[i].cut}
+        return {i: {t.name: self._encode(t.name, inputs[t.name], self.input_codec) for t in self.plan.candidates[i].cut}
                 for i in due}
 
     def _observe_sizes(self, encoded: dict[int, dict[str, Encoded]]) -> None:
@@ -401,7 +427,7 @@ class EdgeAgent:
             enc = encoded.get(i)
             if enc is None:  # (else encoded already, when its size was sampled)
                 t = time.perf_counter()
-                enc = {k: encode_tensor(v, codec) for k, v in cut.items()}
+                enc = {k: self._encode(k, v, codec) for k, v in cut.items()}
                 timings["encode_ms"] = (time.perf_counter() - t) * 1e3
                 self.controller.observe_encode(i, timings["encode_ms"])
             self._sized_at[i] = time.monotonic()

@@ -1,5 +1,7 @@
-"""Frame sources for ``splitinfer edge run``: synthetic inputs of the plan's shape, or a video
-file decoded with PyAV (resized with Pillow to the model's input)."""
+"""Frame sources for ``splitinfer edge run``: synthetic inputs of the plan's shape, a rendered
+road, or a video file decoded with PyAV (resized with Pillow to the model's input). Camera pixels
+become the model input by the plan's pixel format (scale, mean/std, channel order; an RGB input
+in [0, 1] where the plan records none)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._types import PixelFormat, TensorSpec
 from ..errors import SplitinferError
 from ..splitter.plan import Plan
 
@@ -20,6 +23,11 @@ def synthetic_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np
     for _ in range(n):
         yield {t.name: (rng.random(t.shape, dtype=np.float32).astype(t.dtype) if np.dtype(t.dtype).kind == "f"
                         else rng.integers(0, 10, t.shape).astype(t.dtype)) for t in plan.inputs}
+
+
+def _as_input(spec: TensorSpec, rgb: np.ndarray) -> np.ndarray:
+    """Camera pixels uint8 (H, W, 3) RGB as the model input, by the plan's pixel format."""
+    return (spec.pixels or PixelFormat()).from_pixels(rgb, spec.dtype)
 
 
 def scene_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -47,11 +55,12 @@ def scene_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np.nda
             bw, bh = max(w // 10, 2), max(h // 14, 2)
             img[:, int(y0):int(y0) + bh, x:x + bw] = color[:, None, None]
         img += rng.normal(0, 0.01, img.shape).astype(np.float32)  # sensor noise
-        yield {spec.name: np.clip(img, 0, 1)[None].astype(spec.dtype)}
+        rgb = (np.clip(img, 0, 1).transpose(1, 2, 0) * 255 + 0.5).astype(np.uint8)  # what a camera gives
+        yield {spec.name: _as_input(spec, rgb)}
 
 
 def video_frames(path: str | Path, plan: Plan, n: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Frames of a video as the plan's single image input ``(1, 3, H, W)`` float32 in [0, 1]."""
+    """Frames of a video as the plan's single image input ``(1, 3, H, W)``."""
     if len(plan.inputs) != 1 or len(plan.inputs[0].shape) != 4 or plan.inputs[0].shape[1] != 3:
         raise SplitinferError(f"a video source needs a plan with one (1, 3, H, W) input, got "
                               f"{[list(t.shape) for t in plan.inputs]}")
@@ -71,8 +80,7 @@ def video_frames(path: str | Path, plan: Plan, n: int | None = None) -> Iterator
             if n is not None and k >= n:
                 break
             img = frame.to_image().convert("RGB").resize((w, h), Image.BILINEAR)
-            x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1)[None] / 255.0  # (1, 3, H, W)
-            yield {spec.name: x.astype(spec.dtype)}
+            yield {spec.name: _as_input(spec, np.asarray(img, dtype=np.uint8))}
 
 
 def frames_from(source: str, plan: Plan, n: int | None) -> Iterator[dict[str, np.ndarray]]:

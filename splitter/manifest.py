@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .._types import DTYPES
+from .._types import DTYPES, PixelFormat
 from ..errors import PlanFormatError
 
 __all__ = ["validate_manifest", "MAX_TENSOR_BYTES", "MAX_RANK"]
@@ -75,7 +75,21 @@ def _tensor(t: Any, where: str) -> str:
         raise _fail(f"{where}.shape", f"a tensor of at most {MAX_TENSOR_BYTES} bytes", f"{shape} ({nbytes} bytes)")
     if "bytes" in t and t["bytes"] != nbytes:
         raise _fail(f"{where}.bytes", f"{nbytes} (shape x dtype size)", t["bytes"])
+    if t.get("pixels") is not None:
+        _pixels(t["pixels"], f"{where}.pixels", shape, dtype)
     return name
+
+
+def _pixels(px: Any, where: str, shape: list[Any], dtype: str) -> None:
+    """An image input's pixel format: {scale, mean[3], std[3], order}, on a float (1, 3, H, W) tensor."""
+    if len(shape) != 4 or shape[:2] != [1, 3] or dtype not in ("float32", "float16"):
+        raise _fail(where, "a pixel format only on a float (1, 3, H, W) input", f"{dtype} {shape}")
+    if not isinstance(px, dict) or set(px) != {"scale", "mean", "std", "order"}:
+        raise _fail(where, "an object {scale, mean, std, order}", px)
+    try:
+        PixelFormat.from_json(px)
+    except (TypeError, ValueError) as exc:
+        raise _fail(where, f"a valid pixel format ({exc})", px) from None
 
 
 def _file(value: Any, where: str) -> str:

@@ -5,6 +5,7 @@ only when every step succeeded."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from .graph import ModelGraph, analyse
 from .loader import LoadedModel, load_model
 from .plan import FORMAT, FORMAT_VERSION, Candidate, Plan, SegmentRef, atomic_directory, check_destination, \
     plan_hash, sha256_file, write_json_atomic
+from .pixels import Normalize, pixel_formats
 from .profiler import device_info, make_session, node_times, random_feeds, time_session
 from .segment import build_segments
 from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
@@ -142,11 +144,14 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
                 profile: bool = True, verify: bool = True, verify_inputs: Sequence[Mapping[str, np.ndarray]] = (),
                 tolerance: float = DEFAULT_TOLERANCE, threads: int | None = None, budget_s: float = 1.0,
                 force: bool = False, report: bool = True, edge_slowdown: float = 5.0,
-                progress: Progress | None = None) -> SplitResult:
+                normalize: Normalize = None, progress: Progress | None = None) -> SplitResult:
     """Split a model into a plan directory at ``output_dir``.
 
     ``source`` is an ONNX path/bytes/``ModelProto`` or a ``torch.nn.Module`` (with
     ``example_input``). ``cut`` forces one cut by tensor names (the two ends are always kept).
+    ``normalize`` says how camera pixels become an image input (``"imagenet"``, ``"0-1"``,
+    ``"mean=…,std=…"``, a :class:`~splitinfer.PixelFormat`, or one per input name); without it the
+    plan records what the graph's own first nodes show, if anything (see ``pixels.py``).
     Raises a :class:`~splitinfer.errors.SplitinferError` subclass, leaving nothing behind, on bad
     input or when verification fails.
 
@@ -167,6 +172,7 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
     step("loading model", 0.0)
     lm = load_model(source, input_shapes=input_shapes, example_input=example_input, name=name)
     graph = analyse(lm.static)
+    pixels = pixel_formats(lm.static, graph, normalize)
     step("profiling nodes", 0.05)
     costs = _node_costs(graph)
     step("finding candidate cuts", 0.15)
@@ -197,7 +203,7 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
             "model": {"name": lm.name, "file": "model.onnx", "sha256": lm.sha256, "flops": graph.total_flops,
                       "nodes": len(graph.nodes), "opset": max((o.version for o in lm.static.opset_import
                                                                if o.domain in ("", "ai.onnx")), default=0)},
-            "inputs": [t.to_json() for t in graph.inputs],
+            "inputs": [dataclasses.replace(t, pixels=pixels.get(t.name)).to_json() for t in graph.inputs],
             "outputs": [t.to_json() for t in graph.outputs],
             "candidates": [c.to_json() for c in candidates],
         }

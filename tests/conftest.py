@@ -46,7 +46,7 @@ def yolo_plan(tmp_path_factory: pytest.TempPathFactory, yolo_onnx: Path) -> Path
     from splitinfer.splitter import split_model
 
     out = tmp_path_factory.mktemp("plans") / "yolo"
-    split_model(yolo_onnx, out, budget_s=0.05)
+    split_model(yolo_onnx, out, budget_s=0.05, normalize="0-1")  # the reference models take RGB in [0, 1]
     return out
 
 

@@ -84,7 +84,7 @@ def test_public_names():
     import splitinfer.splitter as sp
 
     assert set(splitinfer.__all__) == {
-        "__version__", "TensorSpec", "SplitinferError", "ModelError", "ModelLoadError", "ShapeError",
+        "__version__", "TensorSpec", "PixelFormat", "SplitinferError", "ModelError", "ModelLoadError", "ShapeError",
         "UnsupportedModelError", "CutError", "PlanError", "PlanFormatError", "PlanIntegrityError",
         "VerificationError", "CodecError", "ProtocolError", "VersionError", "FrameError", "FieldError",
         "LimitError", "TensorError", "ChannelError", "ChannelClosed", "RefusedError", "TlsError", "SourceError",

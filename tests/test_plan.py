@@ -19,7 +19,9 @@ def test_manifest_has_the_contract_fields(yolo_plan, yolo_onnx):
     m = json.loads((yolo_plan / "manifest.json").read_text())
     assert m["format"] == "splitinfer-plan" and m["format_version"] == 1
     assert m["model"]["sha256"] == sha256_file(yolo_onnx) == sha256_file(yolo_plan / "model.onnx")
-    assert m["inputs"] == [{"name": "input", "shape": [1, 3, 64, 64], "dtype": "float32", "bytes": 49152}]
+    assert m["inputs"] == [{"name": "input", "shape": [1, 3, 64, 64], "dtype": "float32", "bytes": 49152,
+                            "pixels": {"scale": 1 / 255, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0],
+                                       "order": "rgb"}}]
     assert m["plan_hash"] == plan_hash(m)
     ids = [c["id"] for c in m["candidates"]]
     assert ids[0] == "cloud" and ids[-1] == "edge" and len(ids) <= 8

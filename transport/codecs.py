@@ -14,9 +14,13 @@ Error bounds (``x`` the original value, ``x'`` the decoded one; tested in tests/
   tensor otherwise). For channel ``c`` with range ``[lo_c, hi_c]``, ``scale_c = (hi_c - lo_c) / 255``
   and ``|x - x'| <= scale_c / 2`` (plus float32 rounding, ``<= 1e-6 * max(|lo_c|, |hi_c|)``).
   Scales and minimums travel in the frame as float32. Non-finite values cannot be encoded.
-* ``jpeg``: for image inputs ``(1, 3, H, W)`` in [0, 1] (the all-cloud candidate sends what a
-  camera would send anyway), quality 90; no fixed bound: values are clipped to [0, 1], quantised
-  to 8 bits and compressed perceptually. Other tensors asked to travel as ``jpeg`` go ``fp16``.
+* ``jpeg``: for image inputs ``(1, 3, H, W)`` (the all-cloud candidate sends what a camera would
+  send anyway), quality 90 unless asked. The input goes back to its camera pixels by its
+  :class:`~splitinfer._types.PixelFormat` (the plan's: scale, mean/std, channel order; the default
+  is an RGB input in [0, 1]), is quantised to 8 bits and compressed perceptually, and the
+  receiver applies the same format to the decoded pixels. No fixed bound: values a camera pixel
+  cannot hold are clipped (a normalised input encoded with the wrong format would be).
+  Other tensors asked to travel as ``jpeg`` go ``fp16``.
 * ``lz4``/``zstd``: lossless; the decoder knows the exact decoded size and refuses anything else
   (no decompression bombs).
 """
@@ -28,17 +32,18 @@ from typing import Any
 
 import numpy as np
 
-from .._types import DTYPES
+from .._types import DTYPES, PixelFormat
 from ..errors import CodecError, TensorError
 
 __all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "CODEC_NAMES", "FP16_MAX"]
 
 BASES = ("raw", "fp16", "int8")
 COMPRESSORS = ("lz4", "zstd")
-IMAGE_CODECS = ("jpeg",)  # for image inputs (1, 3, H, W) in [0, 1]: what a camera would send anyway
+IMAGE_CODECS = ("jpeg",)  # for image inputs (1, 3, H, W): what a camera would send anyway
 CODEC_NAMES: tuple[str, ...] = (*(b + (f"+{c}" if c else "") for b in BASES for c in ("", *COMPRESSORS)),
                                 *IMAGE_CODECS)
 JPEG_QUALITY = 90
+_DEFAULT_PIXELS = PixelFormat()  # an RGB input in [0, 1]
 FP16_MAX = 65504.0
 _ZSTD_LEVEL = 3  # fast; level 3 is zstd's default speed/ratio balance
 
@@ -164,8 +169,11 @@ def _decompress(data: Any, compressor: str, expected: int) -> bytes:
     return bytes(out)
 
 
-def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
-    """Encode one array. ``raw`` without compression makes no copy of a contiguous array."""
+def encode_tensor(array: np.ndarray, codec: str | Codec = "raw", *, pixels: PixelFormat | None = None,
+                  quality: int | None = None) -> Encoded:
+    """Encode one array. ``raw`` without compression makes no copy of a contiguous array.
+    ``pixels`` and ``quality`` apply to ``jpeg``: how the input maps to camera pixels (default an
+    RGB input in [0, 1]) and the JPEG quality (1-95, default 90)."""
     arr = np.asarray(array)
     if arr.dtype.name not in DTYPES:
         raise CodecError(f"dtype {arr.dtype.name} cannot travel; expected one of {sorted(DTYPES)}")
@@ -175,7 +183,7 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
     if c.base == "raw":
         payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B") if arr.size else b""
     elif c.base == "jpeg":
-        payload = _jpeg_encode(arr)
+        payload = _jpeg_encode(arr, pixels or _DEFAULT_PIXELS, JPEG_QUALITY if quality is None else quality)
     elif c.base == "fp16":
         peak = float(np.max(np.abs(arr))) if arr.size else 0.0  # one pass; NaN/inf travel as themselves
         if peak > FP16_MAX and np.isfinite(peak):
@@ -190,18 +198,19 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw") -> Encoded:
     return Encoded(arr.dtype.name, shape, c.name, payload, quant)
 
 
-def _jpeg_encode(arr: np.ndarray) -> bytes:
+def _jpeg_encode(arr: np.ndarray, pixels: PixelFormat, quality: int) -> bytes:
     import io
 
     from PIL import Image
 
-    img = (np.clip(arr[0].transpose(1, 2, 0), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)  # (H, W, 3)
+    if not 1 <= quality <= 95:
+        raise CodecError(f"jpeg quality must be 1-95, got {quality}")
     buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=JPEG_QUALITY)
+    Image.fromarray(pixels.to_pixels(arr)).save(buf, format="JPEG", quality=quality)  # (H, W, 3) RGB
     return buf.getvalue()
 
 
-def _jpeg_decode(buf: Any, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+def _jpeg_decode(buf: Any, shape: tuple[int, ...], dtype: str, pixels: PixelFormat) -> np.ndarray:
     import io
 
     from PIL import Image
@@ -211,12 +220,12 @@ def _jpeg_decode(buf: Any, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         if img.format != "JPEG" or img.size != (shape[3], shape[2]):  # checked before decoding pixels
             raise TensorError(f"jpeg payload is a {img.format} of {img.size[0]}x{img.size[1]}, expected a JPEG of "
                               f"{shape[3]}x{shape[2]}")
-        rgb = np.asarray(img.convert("RGB"), dtype=np.float32)
+        rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
     except TensorError:
         raise
     except Exception as exc:
         raise TensorError(f"jpeg payload does not decode: {exc}") from exc
-    return (rgb.transpose(2, 0, 1)[None] / 255.0).astype(dtype)
+    return pixels.from_pixels(rgb, dtype)
 
 
 def decoded_size(codec: Codec, dtype: str, numel: int) -> int:
@@ -227,8 +236,9 @@ def decoded_size(codec: Codec, dtype: str, numel: int) -> int:
     return numel * item
 
 
-def decode_tensor(enc: Encoded) -> np.ndarray:
-    """Decode one tensor. Lengths are checked here too, so a bad payload is a TensorError."""
+def decode_tensor(enc: Encoded, *, pixels: PixelFormat | None = None) -> np.ndarray:
+    """Decode one tensor. Lengths are checked here too, so a bad payload is a TensorError.
+    ``pixels``: for ``jpeg``, how camera pixels become this input (default an RGB input in [0, 1])."""
     c = Codec.parse(enc.codec)
     numel = 1
     for d in enc.shape:
@@ -236,7 +246,7 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
     if c.base == "jpeg":
         if len(enc.shape) != 4 or enc.shape[:2] != (1, 3) or np.dtype(enc.dtype).kind != "f":
             raise TensorError(f"jpeg codec is for (1, 3, H, W) float images, the tensor is {enc.dtype} {list(enc.shape)}")
-        return _jpeg_decode(enc.payload, enc.shape, enc.dtype)
+        return _jpeg_decode(enc.payload, enc.shape, enc.dtype, pixels or _DEFAULT_PIXELS)
     expected = decoded_size(c, enc.dtype, numel)
     buf = enc.payload
     if c.compressor:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
-from .._types import DTYPES
+from .._types import DTYPES, PixelFormat
 from ..errors import FieldError, FrameError, LimitError, ProtocolError, TensorError, VersionError
 from .codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, decoded_size, encode_tensor
 
@@ -319,12 +319,15 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
     return decode_tensors(out) if decode_payloads else out
 
 
-def decode_tensors(tensors: Mapping[str, Encoded]) -> dict[str, np.ndarray]:
+def decode_tensors(tensors: Mapping[str, Encoded],
+                   pixels: Mapping[str, PixelFormat] | None = None) -> dict[str, np.ndarray]:
     """Decode the payloads of a message received with ``tensors=False``, once the receiver has
-    checked their headers (names, dtypes, shapes) against what it expects. Raises
+    checked their headers (names, dtypes, shapes) against what it expects. ``pixels``: per image
+    input, how a JPEG's camera pixels become it. Raises
     :class:`~splitinfer.errors.TensorError` for a payload that does not decode to its header."""
+    px = pixels or {}
     try:
-        return {name: decode_tensor(enc) for name, enc in tensors.items()}
+        return {name: decode_tensor(enc, pixels=px.get(name)) for name, enc in tensors.items()}
     except ProtocolError:
         raise
     except Exception as exc:

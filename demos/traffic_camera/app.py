@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._types import PixelFormat
 from ...errors import SplitinferError
 
 __all__ = ["DemoConfig", "TrafficDemo", "DEFAULT_TRACE", "default_model", "load_classes"]
@@ -96,14 +97,15 @@ def prepare_plan(model: Path, cache: Path, progress: Any = None) -> Path:
     """Split ``model`` once; later runs reuse the plan (keyed by the model's hash)."""
     from ...splitter import Plan, split_model
 
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
+    # the detector takes RGB in [0, 1]: the plan records it, so all-cloud frames travel as JPEG
+    digest = hashlib.sha256(model.read_bytes() + b"\0pixels=0-1").hexdigest()[:16]
     out = cache / "demo-plans" / digest
     if out.is_dir():
         with contextlib.suppress(SplitinferError):
             Plan.load(out)
             return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    split_model(str(model), out, force=True, report=False, progress=progress)
+    split_model(str(model), out, force=True, report=False, normalize="0-1", progress=progress)
     return out
 
 
@@ -172,7 +174,7 @@ class TrafficDemo:
         name = self.plan.inputs[0].name
         reference = []
         for img, _ in self.kept:
-            x = (img.astype(np.float32).transpose(2, 0, 1)[None] / 255.0).astype(np.float32)
+            x = (self.plan.inputs[0].pixels or PixelFormat()).from_pixels(img)
             d = yolo_detections(sess.run(None, {name: x})[0])[0]
             reference.append((d[:, :4], d[:, 5].astype(np.int64)))
         return average_precision([det for _, det in self.kept], reference, len(self.classes))[0]
@@ -234,7 +236,7 @@ class TrafficDemo:
                 if self.stop.is_set() or (cfg.frames is not None and k >= cfg.frames):
                     return
                 images[k] = img
-                yield {spec.name: (img.astype(np.float32).transpose(2, 0, 1)[None] / 255.0).astype(spec.dtype)}
+                yield {spec.name: (spec.pixels or PixelFormat()).from_pixels(img, spec.dtype)}  # camera pixels in
                 k += 1
 
         async for r in agent.stream(frames(), fps=cfg.fps):
