@@ -376,3 +376,41 @@ def test_postprocessed_results_from_the_cloud_and_locally_agree_in_form(yolo_pla
     out = arun(main())
     for cid, r in out.items():
         assert not r.fallback and set(r.outputs) == {"detections"} and r.outputs["detections"].shape[1] == 6, cid
+
+
+@pytest.mark.parametrize("cloud_pp", [None, "yolo"], ids=["cloud-raw", "cloud-yolo"])
+@pytest.mark.parametrize("edge_pp", [None, "yolo"], ids=["edge-raw", "edge-yolo"])
+def test_every_frame_has_one_output_format_wherever_it_ran(yolo_plan, cloud_pp, edge_pp):
+    """The edge names its format at hello and the cloud follows it: every candidate, and a frame
+    finished on the device because the cloud is gone, returns the same names and shapes. (Before,
+    a cloud serving --postprocess yolo sent detections while edge frames were raw [1, 84, N].)"""
+    plan = Plan.load(yolo_plan)
+    f = random_feeds(plan.inputs, seed=3)
+
+    async def main():
+        out = {}
+        async with CloudService([yolo_plan], listen=("127.0.0.1", 0), http=None, advertise=False,
+                                postprocess=cloud_pp) as svc:
+            for cand in plan.candidates:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{svc.port}", candidate=cand.id, codec="raw",
+                                     postprocess=edge_pp) as ag:
+                    r = await ag.infer(f)
+                    assert not r.fallback, r.fallback_reason
+                    out[cand.id] = r
+        async with EdgeAgent(plan, "tcp://127.0.0.1:9", candidate="cloud", postprocess=edge_pp,
+                             connect_timeout_s=0.3) as ag:
+            out["fallback"] = await ag.infer(f)
+        return out
+    out = arun(main(), timeout=120)
+    assert out["fallback"].fallback
+    want = ({"detections"} if edge_pp else set(plan.output_names))
+    ref = out["edge"].outputs
+    for key, r in out.items():
+        assert set(r.outputs) == want, (key, sorted(r.outputs))
+        for name, v in r.outputs.items():
+            if edge_pp:
+                assert v.ndim == 2 and v.shape[1] == 6, (key, v.shape)
+                assert v.shape == ref[name].shape, (key, v.shape, ref[name].shape)  # the same detections
+                assert np.allclose(v, ref[name], atol=1e-3), key
+            else:
+                assert v.shape == ref[name].shape, (key, name, v.shape)
