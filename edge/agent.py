@@ -34,7 +34,7 @@ from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor
 from ..transport.codecs import Encoded, encode_tensor
 from .breaker import CircuitBreaker
-from .controller import Controller
+from .controller import Controller, DeviceLoad
 from .device import Device
 from .link import CloudLink
 from .remote import RACE_LOST, RemoteCall
@@ -276,10 +276,6 @@ class EdgeAgent:
         return outputs
 
     # ------------------------------------------------------------------ the device's load
-    def _device_ms(self) -> list[float]:
-        """Device time per candidate: its edge segment (and encoding), or the whole model."""
-        return self.controller.edge_ms()
-
     def _local_finish_ms(self, i: int) -> float:
         """What finishing candidate ``i``'s frame on the device would take: the whole model for an
         all-cloud frame, the rest of it (whole minus the edge part) for a split one."""
@@ -288,20 +284,12 @@ class EdgeAgent:
             return self.controller.cloud_ms()[i] * self.controller.device_scale()
         return edge[self._whole] if self.plan.candidates[i].edge is None else max(edge[self._whole] - edge[i], 0.0)
 
-    def _device_wait_ms(self) -> list[float]:
-        """Per candidate, how long its device work would wait: what is queued on the device now,
-        or, at a frame rate the candidate's device time cannot keep, the pipeline it would fill
-        (every frame behind ``max_inflight - 1`` others)."""
-        now_wait = self.device.wait_ms()
-        period = self.frame_interval_ms
-        out = []
-        for ms in self._device_ms():
-            if ms <= 0.5:  # no device work to speak of (all-cloud: a JPEG)
-                out.append(0.0)
-                continue
-            steady = (self.max_inflight - 1) * ms if (not math.isnan(period) and ms > period) else 0.0
-            out.append(max(now_wait, steady))
-        return out
+    def _load(self) -> DeviceLoad:
+        """The device's queue now, each candidate's work on it (an all-cloud frame's JPEG is made
+        on the loop, not in the device's queue), the camera's frame interval, the pipeline depth."""
+        edge = self.controller.edge_ms()
+        device = [0.0 if (i in self._input_only or ms <= 0.5) else ms for i, ms in enumerate(edge)]
+        return DeviceLoad(self.device.wait_ms(), device, self.frame_interval_ms, self.max_inflight)
 
     def _faster_would_matter(self, bw: float, rtt: float, preds: list[float], common: dict[str, Any]) -> bool:
         """Whether a link four times faster than the estimate would pick another candidate: then
@@ -341,7 +329,7 @@ class EdgeAgent:
         bw = self.monitor.estimate_mbps()
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # an overdue probe bounds the rate from above
-            bw = min(bw, prober.rate_bound_mbps())
+            bw = min(bw, prober.rate_bound_mbps(rtt_ms=self.monitor.min_rtt_ms()))
         # frames and probes ahead of this one on the uplink
         ahead = (self.remote.inflight_bytes if self.remote is not None else 0) + \
             (self.link.probe_bytes_in_flight() if self.link is not None else 0)
@@ -359,9 +347,9 @@ class EdgeAgent:
             encoded = self._encode_inputs(self._due_for_sizing(only_unmeasured=True), inputs)
             self._observe_sizes(encoded)
         cloud_ok, bw, backlog_ms = self._conditions()
-        device_wait = self._device_wait_ms()
+        load = self._load()
         common = dict(backlog_ms=backlog_ms, default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw),
-                      device_wait_ms=device_wait)
+                      load=load)
         rtt = self.monitor.min_rtt_ms()  # base RTT (the 10 s minimum): queueing in a slow link is in the bandwidth
         if self.pinned is not None:
             i, explore = self.pinned, False
@@ -378,17 +366,20 @@ class EdgeAgent:
         # Exploring thus costs device time, not latency (and is not done while the device is full).
         whole = self._whole
         race = False
+        cur = self.controller.current
         if explore and cloud_ok and whole is not None and self.device.has_room():
-            cur = self.controller.current
             if i in self._input_only:
                 race = True
             elif i == whole and cur in self._input_only:
                 i, race = cur, True  # type: ignore[assignment]
+        if explore and not race and i in self.controller.cheap_explore and cur is not None and cur != i \
+                and (cloud_ok or cur in self.local):
+            i, explore = cur, False  # explored by a race or not at all (the race was chosen for its low cost)
         pred = preds[i]
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards
         conditions = {"bandwidth_mbps": bw, "rtt_ms": rtt, "backlog_ms": backlog_ms,
-                      "device_wait_ms": device_wait[i], "cloud_ok": cloud_ok,
+                      "device_wait_ms": load.wait_ms, "frame_interval_ms": load.interval_ms if math.isfinite(load.interval_ms) else None, "cloud_ok": cloud_ok,
                       "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
                       "cloud_error": None if self.connected else self.last_error}
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
@@ -455,11 +446,12 @@ class EdgeAgent:
     async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],
                      *, fps: float | None = None) -> AsyncIterator[FrameResult]:
         """Results for ``frames`` in order; frame n+1 runs its edge segment while frame n is on the
-        wire, at most ``max_inflight`` frames at a time (backpressure)."""
+        wire, at most ``max_inflight`` frames at a time (backpressure). With ``fps`` the source is
+        paced like a camera and a frame's latency counts from its scheduled capture."""
         pending: deque[asyncio.Task[FrameResult]] = deque()
         sem = asyncio.Semaphore(self.max_inflight)
         done = asyncio.Event()
-        start = time.monotonic()
+        start, start_pc = time.monotonic(), time.perf_counter()
 
         failed: list[BaseException] = []
 
@@ -471,7 +463,9 @@ class EdgeAgent:
                         delay = start + k / fps - time.monotonic()
                         if delay > 0:
                             await asyncio.sleep(delay)
-                    captured = time.perf_counter()
+                    # a paced source is a camera: its frame was captured on schedule, and the time it
+                    # waited for a free slot (a device that cannot keep the rate) is latency too
+                    captured = time.perf_counter() if not fps else min(start_pc + k / fps, time.perf_counter())
                     await sem.acquire()
                     task = asyncio.ensure_future(self._process(next(self._frames), frame, captured))
                     task.add_done_callback(lambda _: sem.release())

@@ -12,6 +12,8 @@ ratio). On top of it:
   ``explore_margin`` of the best, is used for one frame to re-measure it (``explore_margin_costly``
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
   candidates, ``cheap_explore``, but not split cuts);
+* the device's load: the queue ahead of a candidate's device work, and the backlog a candidate
+  would build at a frame rate it cannot keep (:meth:`Controller.load_ms`);
 * policies: ``latency`` (lowest predicted latency, the default) and ``bytes`` (fewest uplink
   bytes among candidates predicted within ``latency_budget_ms``).
 """
@@ -28,7 +30,7 @@ import numpy as np
 
 from ..splitter.cost_model import CostModel
 
-__all__ = ["Controller", "Choice", "POLICIES"]
+__all__ = ["Controller", "Choice", "DeviceLoad", "POLICIES"]
 
 POLICIES = ("latency", "bytes")
 
@@ -39,6 +41,32 @@ class _Ewma:
 
     def add(self, x: float) -> None:
         self.value = x if math.isnan(self.value) else (1 - self.alpha) * self.value + self.alpha * x
+
+
+class _Median:
+    """The median of the last ``n`` samples: one frame that met a busy machine does not move it."""
+
+    def __init__(self, n: int = 5) -> None:
+        self._xs: deque[float] = deque(maxlen=n)
+
+    def add(self, x: float) -> None:
+        self._xs.append(x)
+
+    @property
+    def value(self) -> float:
+        return float(np.median(self._xs)) if self._xs else math.nan
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """What the device is doing, for the prediction: ``wait_ms`` queued on it now; per candidate,
+    ``device_ms`` of its work on the device (0 for one that does not use it); the camera's
+    ``interval_ms`` between frames (nan: unpaced); ``max_inflight`` frames at once."""
+
+    wait_ms: float
+    device_ms: Sequence[float]
+    interval_ms: float = math.nan
+    max_inflight: int = 2
 
 
 @dataclass(frozen=True)
@@ -53,7 +81,7 @@ class Choice:
 class Controller:
     def __init__(self, cost_model: CostModel, *, policy: str = "latency", latency_budget_ms: float | None = None,
                  hysteresis: float = 0.08, min_dwell_s: float = 0.5, emergency: float = 2.0,
-                 explore_every_s: float = 5.0, explore_margin: float = 1.3, alpha: float = 0.3) -> None:
+                 explore_every_s: float = 5.0, explore_margin: float = 3.0, alpha: float = 0.3) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if policy == "bytes" and latency_budget_ms is None:
@@ -64,8 +92,9 @@ class Controller:
         self.explore_every_s, self.explore_margin = explore_every_s, explore_margin
         self.explore_margin_costly = 1.1
         self.cheap_explore: set[int] = set()  # candidates the caller explores without risking the frame
+        self.behind_frames = 10  # the horizon over which a candidate that cannot keep the frame rate is charged
         n = len(cost_model.ids)
-        self._edge = [_Ewma(alpha) for _ in range(n)]  # measured edge ms per candidate
+        self._edge = [_Median() for _ in range(n)]  # measured edge ms per candidate (median of the last 5)
         self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
@@ -148,11 +177,10 @@ class Controller:
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                 backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
-                device_wait_ms: Sequence[float] | None = None) -> list[float]:
+                load: DeviceLoad | None = None) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
         ``downlink_mbps``: charge the results coming back at this rate (None: results are free);
-        ``device_wait_ms``: per candidate, how long its device work would wait behind the device's
-        queue (frames in flight, hedges, a frame rate it cannot keep)."""
+        ``load``: the device's queue and the frame rate (see :meth:`load_ms`)."""
         results = self.result_bytes()
         pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
                                cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
@@ -167,18 +195,34 @@ class Controller:
                 if len(recent) >= 2:
                     typical = float(np.percentile(recent, 25))
                     pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
-        if device_wait_ms is not None:
-            pred = [p + w for p, w in zip(pred, device_wait_ms)]
+        if load is not None:
+            pred = [p + w for p, w in zip(pred, self.load_ms(pred, load))]
         return pred
+
+    def load_ms(self, pred: Sequence[float], load: DeviceLoad) -> list[float]:
+        """Per candidate, what the device's load adds to a frame: the queue ahead of its device
+        work, and, where the candidate cannot keep the camera's rate (its device time, or its
+        latency over the frames allowed in flight, is longer than the frame interval), the backlog
+        it would build: it falls behind by the difference every frame, ``behind_frames / 2``
+        frames' worth on average over the next ``behind_frames``."""
+        out = []
+        for i, p in enumerate(pred):
+            dev = load.device_ms[i]
+            extra = load.wait_ms if dev > 0 else 0.0
+            if math.isfinite(load.interval_ms):
+                cycle = max(dev, (p + extra) / max(load.max_inflight, 1))
+                extra += max(cycle - load.interval_ms, 0.0) * self.behind_frames / 2
+            out.append(extra)
+        return out
 
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
                default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0,
-               downlink_mbps: float | None = None, device_wait_ms: Sequence[float] | None = None) -> Choice:
+               downlink_mbps: float | None = None, load: DeviceLoad | None = None) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable)."""
         pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                            downlink_mbps=downlink_mbps, now=now, device_wait_ms=device_wait_ms)
+                            downlink_mbps=downlink_mbps, now=now, load=load)
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")

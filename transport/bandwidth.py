@@ -190,12 +190,15 @@ class ActiveProber:
         self._ramp_stalls = 0  # rounds without 25 % growth
         self._ramp_rest_until = -math.inf
 
-    def rate_bound_mbps(self, now: float | None = None) -> float:
+    def rate_bound_mbps(self, now: float | None = None, rtt_ms: float = 0.0) -> float:
         """What unanswered probes say: a probe of n bytes sent t seconds ago and not yet answered
-        means the link carried less than n bytes in t seconds (inf when none is outstanding). At
-        start-up, before any sample, this is all there is to know of a dead link."""
+        means the link carried less than n bytes in t seconds, less the base RTT ``rtt_ms`` that its
+        answer needs anyway (inf when none is outstanding, or none is overdue yet). At start-up,
+        before any sample, this is all there is to know of a dead link."""
         now = self.monitor.clock() if now is None else now
-        return min((n * 8 / max(now - at, 1e-3) / 1e6 for at, n in self._inflight.values()), default=math.inf)
+        bounds = [n * 8 / max(now - at - rtt_ms / 1e3, 1e-3) / 1e6 for at, n in self._inflight.values()
+                  if now - at > rtt_ms / 1e3]
+        return min(bounds, default=math.inf)
 
     @property
     def inflight_bytes(self) -> int:

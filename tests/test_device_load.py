@@ -1,0 +1,104 @@
+"""The device's load is in the prediction: at a frame rate the device cannot keep with the whole
+model, frames go to a cloud that is slower per frame but does not queue on the device; at a rate
+it can keep, the device is used. The device's queue is what a hedge is weighed against, and
+optional work (hedges, races) is refused while the queue is full."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from conftest import arun
+
+pytest.importorskip("aiohttp")
+
+from splitinfer.cloud import CloudService  # noqa: E402
+from splitinfer.edge import EdgeAgent  # noqa: E402
+from splitinfer.edge.device import Device  # noqa: E402
+from splitinfer.splitter import Plan  # noqa: E402
+from splitinfer.splitter.profiler import random_feeds  # noqa: E402
+from splitinfer.transport import LinkEmulator  # noqa: E402
+
+SLOW = 30.0  # the device: this many times slower than this machine
+
+
+@pytest.mark.parametrize("frames_per_device_run,expect", [(2.0, "cloud"), (0.4, "edge")])
+def test_a_device_that_cannot_keep_the_frame_rate_hands_frames_to_the_cloud(yolo_plan, frames_per_device_run,
+                                                                            expect):
+    """A cloud frame takes ~1.7x the device's whole-model time E. At two frames per E the device
+    cannot keep up (each frame falls further behind) while the cloud, four frames in flight, can:
+    frames go to the cloud. At a frame every 2.5 E the device keeps up and is faster: the edge."""
+    plan = Plan.load(yolo_plan)
+    fs = [random_feeds(plan.inputs, seed=k) for k in range(4)]
+    edge = [c.id for c in plan.candidates].index("edge")
+
+    async def main():
+        async with EdgeAgent(plan, None, emulate_slowdown=SLOW) as probe:  # E on this machine now
+            e_ms = probe.controller.edge_ms()[edge]
+        async with CloudService([yolo_plan], listen=("127.0.0.1", 0), http=None, advertise=False) as svc:
+            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50, delay_ms=0.8 * e_ms) as emu:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", emulate_slowdown=SLOW, codec="int8+lz4",
+                                     max_inflight=4) as ag:
+                    t0 = time.monotonic()
+                    out = []
+                    fps = 1e3 * frames_per_device_run / e_ms
+                    async for r in ag.stream((fs[k % 4] for k in range(10_000)), fps=fps):
+                        out.append((time.monotonic() - t0, r))
+                        if out[-1][0] > 6.0:
+                            break
+                    return out, e_ms
+    out, e_ms = arun(main(), timeout=90)
+    late = [r for t, r in out if t > 2.0 and not r.explore]
+    where = [("edge" if r.placement == "edge" else "cloud") for r in late]
+    share = where.count(expect) / len(where)
+    trail = "".join(p[0] for p in where)
+    assert share >= 0.7, (e_ms, trail, [round(r.timings["total_ms"]) for r in late])
+
+
+def test_the_device_queue_counts_what_is_ahead():
+    clock = [0.0]
+    dev = Device(max_jobs=2, clock=lambda: clock[0])
+    gate = asyncio.Event()
+
+    async def main():
+        started = asyncio.Event()
+
+        def slow():
+            started.set()
+            while not gate.is_set():
+                time.sleep(0.001)
+            return 1
+
+        a = asyncio.ensure_future(dev.call(slow, 100.0))
+        await asyncio.sleep(0)
+        b = asyncio.ensure_future(dev.call(lambda: 2, 40.0))
+        while dev.jobs < 2 or dev._jobs[0][1] is None:
+            await asyncio.sleep(0.001)
+        clock[0] += 0.03  # the running job is 30 ms in
+        waited = dev.wait_ms()
+        room = dev.has_room()
+        gate.set()
+        return waited, room, await a, await b, dev.jobs
+    waited, room, a, b, jobs = asyncio.run(main())
+    dev.shutdown()
+    assert waited == pytest.approx(70.0 + 40.0)
+    assert not room and (a, b, jobs) == (1, 2, 0)
+
+
+def test_a_hedge_waits_for_a_busy_device_to_be_worth_it(yolo_plan):
+    """A late frame on a busy device: the device starts it only when it would finish sooner than
+    the cloud is expected to; on an idle fast device at once."""
+    plan = Plan.load(yolo_plan)
+    ag = EdgeAgent(plan, "tcp://127.0.0.1:9", warmup=False)
+    rc = ag.remote
+    assert rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=5)  # idle, 5 ms away: yes
+    assert not rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=300)  # 300 ms away, 30 ms late: no
+    assert rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=300)  # 350 ms late now: yes
+    assert rc.should_hedge(elapsed_ms=2900, network_ms=2800, local_ms=300)  # the deadline: must
+    ag.device._jobs.update({1: (500.0, None), 2: (500.0, None), 3: (500.0, None)})  # a full queue
+    assert not rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=5)
+    ag.device._jobs.clear()
+    ag.device.shutdown()
