@@ -1,37 +1,48 @@
-"""The headline benchmark: real uplink traces replayed through the link emulator, the edge agent
-in a process slowed by a cgroup CPU quota (a Jetson-class stand-in), the cloud service at full
-speed, both post-processing detections (boxes come back, not raw maps). On the same frames (a
-moving road scene) and the same trace, compare: adaptive; all-edge;
-all-cloud with JPEG input; every static cut (int8+lz4); and the hindsight oracle (per frame, the
-best of the static strategies' recorded latencies for that frame).
+"""The headline benchmark, as a regime matrix: the edge agent in a process slowed by a cgroup CPU
+quota (a Jetson-class stand-in), the cloud service at full speed, detections coming back
+(post-processing agreed at hello), every strategy its own ``splitinfer edge run`` process.
 
-Reports mean, P50, P99 latency, uplink bytes per frame and fallbacks per trace (table, JSON, plot)
-and the ratios of issue 5: best static mean / adaptive mean, adaptive mean / oracle mean.
+Regimes: fixed 1, 5, 20 and 100 Mbit/s and loopback; a 50 -> 1 -> 50 Mbit/s step; and seeded
+windows of the real uplink traces in ../shared/traces (several per trace, never one first window).
+Devices: ``slow`` (~270 ms a frame at 2 fps) and ``fast`` (~100 ms at 8 fps). Strategies:
+adaptive; all-edge; all-cloud (JPEG of the camera frame); every static cut (int8+lz4); and the
+hindsight oracle (per frame, the best static strategy's latency for that frame).
 
-    python benchmarks/edge_traces.py [--traces 10] [--seconds 30] [--fps 2] [--quota 0.2] [--size 640]
-        [--delay-ms 15] [--only NAME] [--strategies adaptive,cloud,...] [--records DIR]
+The strategies of one (regime, device) run side by side (``--parallel``), each in its own cgroup
+and its own link emulator replaying the same schedule from its first frame, so they meet the same
+link and the same machine load. Latency counts from a frame's scheduled capture (the camera's
+clock), so a strategy that cannot keep the frame rate pays for the frames waiting behind it.
 
-Each strategy is a separate ``splitinfer edge run`` process against one cloud service; the trace
-restarts at its first frame. At 2 fps every strategy that can keep up does (the throttled device
-runs YOLO-n 640 in ~270 ms), so latencies compare like for like. benchmarks/oracle_ceiling.py
-says how much any controller could gain on the same traces.
+Goals (issue 11): in every fixed regime adaptive <= 1.05x the best static strategy's mean; over
+the trace windows adaptive takes >= 0.6 of the oracle's gain over the best static, on the
+aggregate (log of the geometric mean over all windows of best-static/adaptive, divided by the same
+for best-static/oracle); no window below 0.97x its best static; adaptive/oracle median <= 1.05.
 
-Needs root for the cgroup (v1 cpu controller); without it the edge runs at full speed and
-``--emulate-slowdown`` stands in (said in the output).
+    python benchmarks/edge_traces.py [--devices slow,fast] [--fixed-seconds 30] [--windows 3]
+        [--window-seconds 120] [--traces 10] [--parallel 5] [--only REGEX] [--resume] [--from-records]
+
+Results: benchmarks/results/edge_traces.json (written after every regime; ``--resume`` skips what
+it holds), edge_traces.png, and the per-frame records (trimmed, gzipped) in
+benchmarks/results/edge_traces_records/. Needs root for the cgroups (v1 cpu controller); without
+them the edge runs at full speed and ``--emulate-slowdown`` stands in (said in the output).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import math
+import random
 import re
 import statistics
 import subprocess
-from collections import Counter
 import sys
 import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,147 +51,281 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, pyplot, save, table  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-CGROUP = Path("/sys/fs/cgroup/cpu/splitinfer-edge")
+CGROUPS = Path("/sys/fs/cgroup/cpu")
+RECORDS = RESULTS / "edge_traces_records"
+DEVICES = {"slow": (0.2, 2.0), "fast": (0.55, 8.0)}  # CPU quota of one core, frames per second
+DELAY_MS = 15.0  # one-way delay each way on emulated links
 
 
-def setup_cgroup(quota: float) -> bool:
+@dataclass
+class Regime:
+    name: str
+    kind: str  # fixed | loopback | step | window
+    seconds: float
+    rate_mbps: float | None = None
+    trace: list[tuple[float, float]] | None = None
+
+
+def fixed_regimes(seconds: float) -> list[Regime]:
+    out = [Regime(f"fixed-{r:g}mbit", "fixed", seconds, rate_mbps=r) for r in (1.0, 5.0, 20.0, 100.0)]
+    out.append(Regime("loopback", "loopback", seconds))
+    out.append(Regime("step-50-1-50", "step", seconds, trace=[(0.0, 50.0), (seconds / 3, 1.0), (2 * seconds / 3, 50.0)]))
+    return out
+
+
+def uplink_traces(k: int | None = None) -> list[Path]:
+    """The uplink traces (what a camera sees), by name; the first ``k``."""
+    return sorted(p for p in TRACES.glob("*.csv") if re.search(r"(\.up|_ul_|-up)", p.name))[:k]
+
+
+def window(trace: list[tuple[float, float]], start: float, seconds: float) -> list[tuple[float, float]]:
+    """``seconds`` of ``trace`` from ``start`` (wrapping past its end), times from 0."""
+    t0, dur = trace[0][0], trace[-1][0] - trace[0][0] + 1.0
+    out = []
+    for k in range(int(math.ceil(seconds))):
+        t = t0 + (start + k) % dur
+        rate = next((m for tt, m in reversed(trace) if tt <= t), trace[0][1])
+        out.append((float(k), rate))
+    return out
+
+
+def window_regimes(k_traces: int, windows: int, seconds: float, seed: int) -> list[Regime]:
+    from splitinfer.transport.netem import load_trace
+
+    out = []
+    for path in uplink_traces()[:k_traces]:
+        tr = load_trace(path)
+        dur = tr[-1][0] - tr[0][0] + 1.0
+        rng = random.Random(f"{seed}:{path.stem}")
+        for w in range(windows):
+            start = rng.uniform(0, max(dur - seconds, 0.0)) if dur > seconds else rng.uniform(0, dur)
+            out.append(Regime(f"{path.stem}@{start:.0f}s", "window", seconds, trace=window(tr, start, seconds)))
+    return out
+
+
+# ---------------------------------------------------------------- one run
+def cgroup(slot: int, quota: float) -> Path | None:
+    d = CGROUPS / f"splitinfer-edge-{slot}"
     try:
-        CGROUP.mkdir(exist_ok=True)
-        (CGROUP / "cpu.cfs_period_us").write_text("10000")
-        (CGROUP / "cpu.cfs_quota_us").write_text(str(int(10000 * quota)))
-        return True
+        d.mkdir(exist_ok=True)
+        (d / "cpu.cfs_period_us").write_text("10000")
+        (d / "cpu.cfs_quota_us").write_text(str(int(10000 * quota)))
+        return d
     except OSError:
-        return False
+        return None
 
 
-def uplink_traces(k: int) -> list[Path]:
-    ups = sorted(p for p in TRACES.glob("*.csv") if re.search(r"(\.up|_ul_|-up)", p.name))
-    # prefer traces whose first minute varies (the interesting ones), then the rest
-    def spread(p: Path) -> float:
-        from splitinfer.transport.netem import load_trace
-
-        r = [m for t, m in load_trace(p) if t - load_trace(p)[0][0] < 60]
-        return statistics.pstdev(r) / (statistics.mean(r) + 1e-9) if r else 0.0
-
-    return sorted(ups, key=spread, reverse=True)[:k]
-
-
-async def run_strategy(plan_dir: Path, cloud_port: int, trace: Path, args, strategy: str, cgroup: bool,
+async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategy: str, slot: int,
                        out: Path) -> list[dict]:
     from splitinfer.transport.netem import LinkEmulator
 
+    quota, fps = DEVICES[device]
+    group = cgroup(slot, quota)
+    frames = int(regime.seconds * fps)
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
-           str(int(args.seconds * args.fps)), "--fps", str(args.fps), "--threads", "1", "--codec", "int8+lz4",
-           "--input-codec", "jpeg", "--postprocess", "yolo", "--out", str(out), "--json"]
+           str(frames), "--fps", str(fps), "--threads", "1", "--codec", "int8+lz4", "--postprocess", "yolo",
+           "--out", str(out), "--json"]
     if strategy != "adaptive":
         cmd += ["--candidate", strategy]
-    if not cgroup:
-        cmd += ["--emulate-slowdown", str(1 / args.quota)]
-    async with LinkEmulator(("127.0.0.1", cloud_port), trace=trace, delay_ms=args.delay_ms) as emu:
-        cmd[cmd.index("--source"):cmd.index("--source")] = ["--cloud", f"tcp://127.0.0.1:{emu.port}"]
-
-        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
-        try:
-            # Python's imports run at full speed (they are not what is measured); the CPU limit
-            # starts before the agent loads and times its segments. The trace starts with the
-            # first frame, not with the process (start-up differs per strategy).
-            head = b""
-            while b"edge: ready" not in head:
-                line = await asyncio.wait_for(proc.stderr.readline(), 120)  # type: ignore[union-attr]
-                if not line:
-                    break
-                if b"edge: starting" in line and cgroup:
-                    (CGROUP / "cgroup.procs").write_text(str(proc.pid))
-                head += line
+    if group is None:
+        cmd += ["--emulate-slowdown", str(1 / quota)]
+    emu = None
+    if regime.kind == "loopback":
+        port = cloud_port
+    else:
+        emu = LinkEmulator(("127.0.0.1", cloud_port), rate_mbps=regime.rate_mbps,
+                           trace=regime.trace if regime.rate_mbps is None else None, delay_ms=DELAY_MS)
+        await emu.start()
+        port = emu.port
+    cmd += ["--cloud", f"tcp://127.0.0.1:{port}"]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        # Python's imports run at full speed (they are not what is measured); the CPU limit starts
+        # before the agent loads and times its segments; the schedule starts with the first frame
+        head = b""
+        while b"edge: ready" not in head:
+            line = await asyncio.wait_for(proc.stderr.readline(), 180)  # type: ignore[union-attr]
+            if not line:
+                break
+            if b"edge: starting" in line and group is not None:
+                (group / "cgroup.procs").write_text(str(proc.pid))
+            head += line
+        if emu is not None:
             emu.restart_schedule()
-            # a static cut that cannot keep up falls behind; stop it at twice the trace time
-            _, err = await asyncio.wait_for(proc.communicate(), 2 * args.seconds + 20)
-            err = head + err
-            if proc.returncode:
-                raise RuntimeError(f"{strategy}: edge run failed: {err.decode()[-500:]}")
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+        # a strategy that cannot keep up falls behind; stop it at twice the regime's time
+        _, err = await asyncio.wait_for(proc.communicate(), 2 * regime.seconds + 30)
+        if proc.returncode:
+            raise RuntimeError(f"{strategy}: edge run failed: {(head + err).decode()[-800:]}")
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+    finally:
+        if emu is not None:
+            await emu.aclose()
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
-def stats(records: list[dict]) -> dict:
-    lat = np.array([r["timings"]["total_ms"] for r in records])
+def trim(r: dict) -> dict:
+    """What a record keeps in the repository: enough to recompute every figure."""
+    return {"frame": r["frame"], "candidate": r["candidate"], "placement": r["placement"], "bytes": r["bytes_sent"],
+            "ms": round(r["timings"]["total_ms"], 2), "fallback": r["fallback"], "reason": r["fallback_reason"]}
+
+
+async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
+                     parallel: int, tmp: Path) -> dict[str, list[dict]]:
+    sem = asyncio.Semaphore(parallel)
+    slots = list(range(parallel))
+
+    async def one(s: str) -> tuple[str, list[dict]]:
+        async with sem:
+            slot = slots.pop()
+            try:
+                out = tmp / f"{device}.{s}.jsonl"
+                return s, [trim(r) for r in await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out)]
+            finally:
+                slots.append(slot)
+
+    return dict(await asyncio.gather(*(one(s) for s in strategies)))
+
+
+# ---------------------------------------------------------------- figures
+def stats(recs: list[dict]) -> dict:
+    lat = np.array([r["ms"] for r in recs]) if recs else np.array([math.nan])
     return {"mean_ms": float(lat.mean()), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "bytes_per_frame": float(np.mean([r["bytes_sent"] for r in records])),
-            "fallbacks": int(sum(r["fallback"] for r in records)), "frames": len(records),
-            "cuts": dict(Counter(r["candidate"] for r in records))}
+            "p99_ms": float(np.percentile(lat, 99)), "bytes_per_frame": float(np.mean([r["bytes"] for r in recs] or [0])),
+            "fallbacks": int(sum(r["fallback"] for r in recs)), "frames": len(recs),
+            "cuts": dict(Counter(r["candidate"] for r in recs))}
 
 
-def summarise(name: str, records: dict[str, list[dict]], statics: list[str], n: int) -> dict:
-    """One trace's table row per strategy, the oracle, and the ratios of issue 5.
-
-    A static cut that cannot keep up is stopped at twice the trace time: its figures cover the
-    frames it finished (a lower bound: its later frames would have waited longer), it cannot be
-    the best static, and the oracle takes the others for the frames it did not reach."""
-    per: dict = {}
-    for strategy, recs in records.items():
-        per[strategy] = stats(recs) | {"finished": len(recs), "fell_behind": len(recs) < n}
-    oracle = [min(records[s][k]["timings"]["total_ms"] for s in statics if len(records[s]) > k)
-              for k in range(min(n, max(len(records[s]) for s in statics)))]
+def summarise(name: str, records: dict[str, list[dict]], n: int) -> dict:
+    """One (regime, device): a row per strategy, the oracle, the ratios. A strategy stopped for
+    falling behind keeps the frames it finished (a lower bound on its latency) and cannot be the
+    best static; the oracle takes the others for frames it did not reach."""
+    statics = [s for s in records if s != "adaptive"]
+    per: dict = {s: stats(r) | {"fell_behind": len(r) < n} for s, r in records.items()}
+    reach = max(len(records[s]) for s in statics)
+    oracle = [min(records[s][k]["ms"] for s in statics if len(records[s]) > k) for k in range(min(n, reach))]
     per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
-                     "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": float("nan"),
-                     "fallbacks": 0, "frames": len(oracle)}
+                     "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": math.nan, "fallbacks": 0,
+                     "frames": len(oracle)}
     complete = [s for s in statics if not per[s]["fell_behind"]] or statics
-    best_static = min(complete, key=lambda s: per[s]["mean_ms"])
-    per["ratios"] = {"best_static": best_static,
-                     "best_static_over_adaptive": per[best_static]["mean_ms"] / per["adaptive"]["mean_ms"],
-                     "adaptive_over_oracle": per["adaptive"]["mean_ms"] / per["oracle"]["mean_ms"]}
+    best = min(complete, key=lambda s: per[s]["mean_ms"])
+    ad, bs, orc = per["adaptive"]["mean_ms"], per[best]["mean_ms"], per["oracle"]["mean_ms"]
+    per["ratios"] = {"best_static": best, "adaptive_over_best_static": ad / bs, "best_static_over_adaptive": bs / ad,
+                     "best_static_over_oracle": bs / orc, "adaptive_over_oracle": ad / orc,
+                     "adaptive_bytes_over_cloud": per["adaptive"]["bytes_per_frame"] / max(per["cloud"]["bytes_per_frame"], 1)
+                     if "cloud" in per else math.nan,
+                     "adaptive_no_slower_than_cloud": ad <= per["cloud"]["mean_ms"] if "cloud" in per else None}
     rows = [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}",
-             "-" if math.isnan(v["bytes_per_frame"]) else f"{v['bytes_per_frame'] / 1024:.1f}",
-             v["fallbacks"], f"{v['frames']}{' (fell behind)' if v.get('fell_behind') else ''}",
+             "-" if math.isnan(v["bytes_per_frame"]) else f"{v['bytes_per_frame'] / 1024:.1f}", v["fallbacks"],
+             f"{v['frames']}{' (fell behind)' if v.get('fell_behind') else ''}",
              " ".join(f"{c}:{k}" for c, k in v.get("cuts", {}).items())]
             for s, v in per.items() if s != "ratios"]
-    table(f"{name}: best static {best_static}; static/adaptive {per['ratios']['best_static_over_adaptive']:.2f}, "
-          f"adaptive/oracle {per['ratios']['adaptive_over_oracle']:.2f}",
+    table(f"{name}: best static {best}; adaptive/best static {ad / bs:.3f}, best static/oracle {bs / orc:.3f}",
           ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "fallbacks", "frames", "cuts"], rows)
     return per
 
 
-def from_records(directory: Path, n: int) -> dict:
-    """Summaries from kept per-frame records (``--records`` of earlier runs), one per trace that
-    has the adaptive run and at least one static."""
+def aggregate(results: dict) -> dict:
+    """The goals, per device: fixed regimes one by one, trace windows on the aggregate."""
     out = {}
-    for trace in uplink_traces(100):
-        records = {p.name.split(".")[-2]: [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
-                   for p in sorted(directory.glob(f"{trace.stem}.*.jsonl"))}
-        records = {k: v for k, v in records.items() if v}
-        statics = [s for s in ("cloud", "c1", "c2", "c3", "c4", "edge") if s in records]
-        if "adaptive" in records and statics:
-            out[trace.stem] = summarise(trace.stem, records, statics, n)
+    for device in DEVICES:
+        runs = {k: v for k, v in results["runs"].items() if v["device"] == device}
+        if not runs:
+            continue
+        fixed = {v["regime"]: v["summary"]["ratios"]["adaptive_over_best_static"]
+                 for v in runs.values() if v["kind"] != "window"}
+        wins = [v["summary"]["ratios"] for v in runs.values() if v["kind"] == "window"]
+        d: dict = {"fixed_adaptive_over_best_static": fixed,
+                   "fixed_worst": max(fixed.values()) if fixed else None,
+                   "fixed_goal_met": all(x <= 1.05 for x in fixed.values()) if fixed else None}
+        if wins:
+            g_ad = statistics.mean(math.log(w["best_static_over_adaptive"]) for w in wins)
+            g_or = statistics.mean(math.log(w["best_static_over_oracle"]) for w in wins)
+            ao = sorted(w["adaptive_over_oracle"] for w in wins)
+            bs_ad = [w["best_static_over_adaptive"] for w in wins]
+            d |= {"windows": len(wins), "geomean_best_static_over_adaptive": math.exp(g_ad),
+                  "geomean_best_static_over_oracle": math.exp(g_or),
+                  "share_of_oracle_gain": g_ad / g_or if g_or > 1e-9 else math.nan,
+                  "worst_window_best_static_over_adaptive": min(bs_ad),
+                  "median_adaptive_over_oracle": statistics.median(ao),
+                  "median_adaptive_bytes_over_cloud": statistics.median(w["adaptive_bytes_over_cloud"] for w in wins),
+                  "windows_adaptive_no_slower_than_cloud": sum(bool(w["adaptive_no_slower_than_cloud"]) for w in wins)}
+            d["windows_goal_met"] = (d["share_of_oracle_gain"] >= 0.6 and min(bs_ad) >= 0.97
+                                     and d["median_adaptive_over_oracle"] <= 1.05)
+        out[device] = d
     return out
 
 
+def plot(results: dict) -> None:
+    plt = pyplot()
+    if plt is None or not results["runs"]:
+        return
+    devices = [d for d in DEVICES if any(v["device"] == d for v in results["runs"].values())]
+    fig, axes = plt.subplots(len(devices), 1, figsize=(14, 4.2 * len(devices)), dpi=100, squeeze=False)
+    for ax, device in zip(axes[:, 0], devices):
+        runs = [v for v in results["runs"].values() if v["device"] == device]
+        names = [v["regime"][:24] for v in runs]
+        for j, (key, label) in enumerate((("adaptive_over_best_static", "adaptive / best static"),
+                                          ("adaptive_over_oracle", "adaptive / oracle"))):
+            ax.bar([i + 0.4 * j for i in range(len(runs))], [v["summary"]["ratios"][key] for v in runs], 0.4,
+                   label=label)
+        ax.axhline(1.05, color="k", lw=0.8, ls="--")
+        ax.set_xticks([i + 0.2 for i in range(len(runs))], names, rotation=70, fontsize=7)
+        ax.set_ylabel("mean latency ratio")
+        ax.set_title(f"device {device}: {DEVICES[device][1]:g} fps, quota {DEVICES[device][0]:g} core")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "edge_traces.png")
+    plt.close(fig)
+
+
+def finish(results: dict) -> None:
+    results["goals"] = aggregate(results)
+    print(json.dumps(results["goals"], indent=2))
+    save("edge_traces", results)
+    plot(results)
+
+
+# ---------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", type=int, default=10, help="how many uplink traces (most variable first)")
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--fps", type=float, default=2.0)
-    ap.add_argument("--quota", type=float, default=0.2, help="share of one CPU the edge gets")
+    ap.add_argument("--devices", default="slow,fast")
+    ap.add_argument("--fixed-seconds", type=float, default=30.0)
+    ap.add_argument("--windows", type=int, default=3, help="seeded windows per trace (0: none)")
+    ap.add_argument("--window-seconds", type=float, default=120.0)
+    ap.add_argument("--window-devices", default="slow", help="devices the trace windows run on")
+    ap.add_argument("--traces", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=640)
-    ap.add_argument("--delay-ms", type=float, default=15.0, help="one-way delay each way")
-    ap.add_argument("--only", default=None, help="run just the traces whose name contains this")
-    ap.add_argument("--strategies", default=None, help="comma-separated subset of adaptive,edge,cloud,c1,... (default all)")
-    ap.add_argument("--records", type=Path, default=None, help="keep every run's per-frame records (JSONL) here")
-    ap.add_argument("--from-records", type=Path, default=None,
-                    help="run nothing: summarise the records kept in this directory by earlier runs")
+    ap.add_argument("--parallel", type=int, default=5, help="strategies side by side (fast device: at most 3)")
+    ap.add_argument("--only", default=None, help="regimes whose name matches this regex")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in edge_traces.json")
+    ap.add_argument("--from-records", action="store_true", help="run nothing: recompute from the kept records")
     args = ap.parse_args()
-    if not TRACES.is_dir():
-        sys.exit(f"{TRACES} not found")
+    path = RESULTS / "edge_traces.json"
+    results: dict = {"args": vars(args), "runs": {}}
+    if (args.resume or args.from_records) and path.is_file():
+        old = json.loads(path.read_text())
+        results["runs"] = old.get("runs", {})
     if args.from_records:
-        results = {"args": vars(args), "traces": from_records(args.from_records, int(args.seconds * args.fps))}
+        for key, v in results["runs"].items():
+            recs = {p.name.split(".")[-3]: [json.loads(x) for x in gzip.open(p, "rt")]
+                    for p in sorted(RECORDS.glob(f"{_safe(key)}.*.jsonl.gz"))}
+            v["summary"] = summarise(key, recs, v["frames"])
         finish(results)
         return
-    cgroup = setup_cgroup(args.quota)
-    print(f"edge: {'cgroup' if cgroup else 'emulated'} CPU limit {args.quota:g} of one core, 1 thread; "
-          f"cloud: full speed; {args.seconds:g} s of each trace at {args.fps:g} fps")
-    results: dict = {"args": vars(args), "cgroup": cgroup, "traces": {}}
+    if not TRACES.is_dir() and args.windows:
+        sys.exit(f"{TRACES} not found (the trace windows need ../shared/traces; --windows 0 runs the fixed regimes)")
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    plan_work = []
+    for device in args.devices.split(","):
+        plan_work += [(r, device) for r in fixed_regimes(args.fixed_seconds)]
+    if args.windows:
+        for device in args.window_devices.split(","):
+            plan_work += [(r, device) for r in window_regimes(args.traces, args.windows, args.window_seconds, args.seed)]
+    if args.only:
+        plan_work = [(r, d) for r, d in plan_work if re.search(args.only, r.name)]
     with tempfile.TemporaryDirectory() as tmp:
         plan_dir = Path(tmp) / "plan"
         subprocess.run([sys.executable, "-m", "splitinfer", "split", "ref:yolo-n", "-o", str(plan_dir),
@@ -188,74 +333,40 @@ def main() -> None:
                        capture_output=True)
         from splitinfer.splitter import Plan
 
-        plan = Plan.load(plan_dir)
+        strategies = ["adaptive", *(c.id for c in Plan.load(plan_dir).candidates)]
         cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
-                                  "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise", "--postprocess", "yolo"],
+                                  "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             text = ""
             while "serving" not in text:
                 text += cloud.stdout.readline()  # type: ignore[union-attr]
             port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
-            statics = [c.id for c in plan.candidates]
-            wanted = ["adaptive", *statics]
-            if args.strategies:
-                wanted = [s for s in wanted if s in args.strategies.split(",")]
-                statics = [s for s in statics if s in wanted]
-            traces = uplink_traces(args.traces if not args.only else 100)
-            for trace in [t for t in traces if not args.only or args.only in t.name][: args.traces]:
-                records: dict = {}
-                for strategy in wanted:
-                    keep = args.records or Path(tmp)
-                    keep.mkdir(parents=True, exist_ok=True)
-                    recs = asyncio.run(run_strategy(plan_dir, port, trace, args, strategy, cgroup,
-                                                    keep / f"{trace.stem}.{strategy}.jsonl"))
-                    records[strategy] = recs
-                if statics:  # (adaptive alone: records only; --from-records joins them to earlier statics)
-                    results["traces"][trace.stem] = summarise(trace.stem, records, statics,
-                                                              int(args.seconds * args.fps))
+            print(f"edge: cgroup CPU quota per device {DEVICES}; cloud at full speed; "
+                  f"{len(plan_work)} (regime, device) pairs x {len(strategies)} strategies")
+            for regime, device in plan_work:
+                key = f"{device}/{regime.name}"
+                if key in results["runs"]:
+                    continue
+                t = time.monotonic()
+                par = min(args.parallel, 3) if device == "fast" else args.parallel
+                recs = asyncio.run(run_regime(plan_dir, port, regime, device, strategies, par, Path(tmp)))
+                n = int(regime.seconds * DEVICES[device][1])
+                for s, r in recs.items():
+                    with gzip.open(RECORDS / f"{_safe(key)}.{s}.jsonl.gz", "wt") as f:
+                        f.writelines(json.dumps(x) + "\n" for x in r)
+                results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind,
+                                        "seconds": regime.seconds, "frames": n,
+                                        "wall_s": round(time.monotonic() - t, 1), "summary": summarise(key, recs, n)}
+                finish(results)  # after every regime: a stopped run keeps what it measured
         finally:
             cloud.terminate()
             cloud.wait(30)
     finish(results)
 
 
-def finish(results: dict) -> None:
-    """The summary over traces, the JSON and the plot."""
-    r = [v["ratios"] for v in results["traces"].values()]
-    if r:
-        geo = math.exp(statistics.mean(math.log(x["best_static_over_adaptive"]) for x in r))
-        ao = sorted(x["adaptive_over_oracle"] for x in r)
-        results["summary"] = {"geomean_best_static_over_adaptive": geo,
-                              "min_best_static_over_adaptive": min(x["best_static_over_adaptive"] for x in r),
-                              "median_adaptive_over_oracle": statistics.median(ao), "worst_adaptive_over_oracle": ao[-1]}
-        print("summary (goals: geomean >= 1.15, min >= 0.97, median adaptive/oracle <= 1.05, worst <= 1.15):")
-        print(json.dumps(results["summary"], indent=2))
-    print(f"wrote {save('edge_traces', results)}")
-    _plot(results)
-
-
-def _plot(results: dict) -> None:
-    plt = pyplot()
-    if plt is None:
-        return
-    traces = list(results["traces"])
-    if not traces:
-        return
-    strategies = [s for s in results["traces"][traces[0]] if s != "ratios"]
-    fig, ax = plt.subplots(figsize=(max(6, 2.5 * len(traces)), 4.5), dpi=100)
-    width = 0.8 / len(strategies)
-    for j, s in enumerate(strategies):
-        ax.bar([i + j * width for i in range(len(traces))], [results["traces"][t][s]["mean_ms"] for t in traces],
-               width, label=s)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(traces))], [t[:30] for t in traces], fontsize=8)
-    ax.set_ylabel("mean latency (ms)")
-    ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.set_title("edge latency per strategy on real uplink traces")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "edge_traces.png")
-    plt.close(fig)
+def _safe(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", key)
 
 
 if __name__ == "__main__":

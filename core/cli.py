@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--max-batch-size", type=_count, default=8, metavar="N", help="requests per batch (default 8)")
     cs.add_argument("--max-queue-delay-ms", type=_nonneg, default=2.0, metavar="MS",
                     help="longest wait for a batch to fill (default 2)")
-    cs.add_argument("--postprocess", choices=("yolo",), help="send back detections instead of raw outputs")
+    cs.add_argument("--postprocess", choices=("yolo",),
+                    help="send back detections instead of raw outputs to edges that do not ask for a format at hello")
     cs.add_argument("--max-connections", type=_count, default=None, metavar="N",
                     help="edge connections at once; more are closed on accept (default: half the fd limit, <= 4096)")
     cs.add_argument("--max-rows", type=_count, default=None, metavar="N",
@@ -154,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     er.add_argument("--candidate", metavar="ID", help="pin one candidate (an id, edge or cloud) instead of adapting")
     er.add_argument("--policy", choices=("latency", "bytes"), default="latency")
     er.add_argument("--latency-budget-ms", type=_positive, default=None, help="with --policy bytes")
-    er.add_argument("--postprocess", choices=("yolo",), default=None)
+    er.add_argument("--postprocess", choices=("yolo",), default=None,
+                    help="every frame's output format, wherever it ran (asked of the cloud at hello)")
     er.add_argument("--emulate-slowdown", type=_positive, default=1.0,
                     help="make this machine stand for a device N times slower (demos, tests)")
     er.add_argument("--json", action="store_true")
