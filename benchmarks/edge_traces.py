@@ -19,7 +19,11 @@ aggregate (log of the geometric mean over all windows of best-static/adaptive, d
 for best-static/oracle); no window below 0.97x its best static; adaptive/oracle median <= 1.05.
 
     python benchmarks/edge_traces.py [--devices slow,fast] [--fixed-seconds 30] [--windows 3]
-        [--window-seconds 120] [--traces 10] [--parallel 5] [--only REGEX] [--resume] [--from-records]
+        [--window-seconds 120] [--window-devices slow] [--traces 10] [--parallel 5] [--warmup-s 5]
+        [--only REGEX] [--resume] [--from-records]
+
+The first ``--warmup-s`` seconds of every strategy (a process's cold start) are left out of all
+figures alike.
 
 Results: benchmarks/results/edge_traces.json (written after every regime; ``--resume`` skips what
 it holds), edge_traces.png, and the per-frame records (trimmed, gzipped) in
@@ -197,14 +201,20 @@ def stats(recs: list[dict]) -> dict:
             "cuts": dict(Counter(r["candidate"] for r in recs))}
 
 
-def summarise(name: str, records: dict[str, list[dict]], n: int) -> dict:
+def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0) -> dict:
     """One (regime, device): a row per strategy, the oracle, the ratios. A strategy stopped for
     falling behind keeps the frames it finished (a lower bound on its latency) and cannot be the
-    best static; the oracle takes the others for frames it did not reach."""
+    best static; the oracle takes the others for frames it did not reach. The first ``warmup``
+    frames of every strategy (a process's cold start: sessions, caches, the first connection) are
+    left out of every figure alike."""
+    records = {s: [r for r in recs if r["frame"] >= warmup] for s, recs in records.items()}
+    n -= warmup
     statics = [s for s in records if s != "adaptive"]
     per: dict = {s: stats(r) | {"fell_behind": len(r) < n} for s, r in records.items()}
     reach = max(len(records[s]) for s in statics)
     oracle = [min(records[s][k]["ms"] for s in statics if len(records[s]) > k) for k in range(min(n, reach))]
+    if not oracle:
+        oracle = [math.nan]
     per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
                      "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": math.nan, "fallbacks": 0,
                      "frames": len(oracle)}
@@ -299,6 +309,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", type=int, default=640)
     ap.add_argument("--parallel", type=int, default=5, help="strategies side by side (fast device: at most 3)")
+    ap.add_argument("--warmup-s", type=float, default=5.0, help="seconds of frames at the start left out (cold start)")
     ap.add_argument("--only", default=None, help="regimes whose name matches this regex")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in edge_traces.json")
     ap.add_argument("--from-records", action="store_true", help="run nothing: recompute from the kept records")
@@ -312,7 +323,7 @@ def main() -> None:
         for key, v in results["runs"].items():
             recs = {p.name.split(".")[-3]: [json.loads(x) for x in gzip.open(p, "rt")]
                     for p in sorted(RECORDS.glob(f"{_safe(key)}.*.jsonl.gz"))}
-            v["summary"] = summarise(key, recs, v["frames"])
+            v["summary"] = summarise(key, recs, v["frames"], int(args.warmup_s * DEVICES[v["device"]][1]))
         finish(results)
         return
     if not TRACES.is_dir() and args.windows:
@@ -357,7 +368,8 @@ def main() -> None:
                         f.writelines(json.dumps(x) + "\n" for x in r)
                 results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind,
                                         "seconds": regime.seconds, "frames": n,
-                                        "wall_s": round(time.monotonic() - t, 1), "summary": summarise(key, recs, n)}
+                                        "wall_s": round(time.monotonic() - t, 1),
+                                        "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]))}
                 finish(results)  # after every regime: a stopped run keeps what it measured
         finally:
             cloud.terminate()

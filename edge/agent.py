@@ -330,6 +330,8 @@ class EdgeAgent:
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # an overdue probe bounds the rate from above
             bw = min(bw, prober.rate_bound_mbps(rtt_ms=self.monitor.min_rtt_ms()))
+        if self.remote is not None:  # and so do overdue frames
+            bw = min(bw, self.remote.rate_bound_mbps())
         # frames and probes ahead of this one on the uplink
         ahead = (self.remote.inflight_bytes if self.remote is not None else 0) + \
             (self.link.probe_bytes_in_flight() if self.link is not None else 0)
@@ -352,12 +354,13 @@ class EdgeAgent:
                       load=load)
         rtt = self.monitor.min_rtt_ms()  # base RTT (the 10 s minimum): queueing in a slow link is in the bandwidth
         if self.pinned is not None:
-            i, explore = self.pinned, False
+            i, explore, base = self.pinned, False, self.pinned
             preds = self.controller.predict(bw, rtt, **common)  # type: ignore[arg-type]
         else:
             choice = self.controller.choose(bw, rtt, now, allowed=None if cloud_ok else self.local,
                                             **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
+            base = choice.unexplored
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # ramp the probes up while a faster link would change the choice
             prober.want_more = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
@@ -366,15 +369,14 @@ class EdgeAgent:
         # Exploring thus costs device time, not latency (and is not done while the device is full).
         whole = self._whole
         race = False
-        cur = self.controller.current
         if explore and cloud_ok and whole is not None and self.device.has_room():
             if i in self._input_only:
                 race = True
-            elif i == whole and cur in self._input_only:
-                i, race = cur, True  # type: ignore[assignment]
-        if explore and not race and i in self.controller.cheap_explore and cur is not None and cur != i \
-                and (cloud_ok or cur in self.local):
-            i, explore = cur, False  # explored by a race or not at all (the race was chosen for its low cost)
+            elif i == whole and base in self._input_only:
+                i, race = base, True  # type: ignore[assignment]
+        if explore and not race and i in self.controller.cheap_explore and base is not None and base != i \
+                and (cloud_ok or base in self.local):
+            i, explore = base, False  # explored by a race or not at all (the race was chosen for its low cost)
         pred = preds[i]
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards

@@ -76,6 +76,7 @@ class Choice:
     predicted_ms: float
     predictions: tuple[float, ...]
     explore: bool = False
+    unexplored: int | None = None  # what the choice would have been without exploring
 
 
 class Controller:
@@ -241,6 +242,7 @@ class Controller:
             if not urgent and not (better and dwell >= self.min_dwell_s):
                 choice = cur
         explore = False
+        unexplored = choice
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
         if now - self._last_explore >= self.explore_every_s:
@@ -255,4 +257,4 @@ class Controller:
         if not explore and choice != self.current:
             self.current, self._since = choice, now
         self._last_used[choice] = now
-        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore)
+        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored)

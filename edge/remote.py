@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -59,9 +60,34 @@ class RemoteCall:
         self.plan, self.link, self.controller, self.monitor = plan, link, controller, monitor
         self.breaker, self.device = breaker, device
         self.hedge_factor, self.hedge_margin_ms = hedge_factor, hedge_margin_ms
-        self.inflight_bytes = 0  # sent to the cloud, not yet answered
+        # sent to the cloud, not yet answered: request id -> (sent at, bytes, predicted ms for the rest:
+        # the base RTT, the cloud's queue and compute)
+        self._inflight: dict[int, tuple[float, int, float]] = {}
         self.hedges = 0  # hedges started on the device
         self.hedges_declined = 0  # hedge checks where the device would not have been sooner
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes sent to the cloud and not yet answered: ahead of any new frame on the uplink."""
+        return sum(n for _, n, _ in self._inflight.values())
+
+    def rate_bound_mbps(self, now: float | None = None) -> float:
+        """What overdue frames say of the link, as unanswered probes do: since the oldest frame in
+        flight was sent, the link carried less than the bytes of the frames still unanswered, once
+        their RTT and cloud time are allowed for (inf while none is overdue). A link that drops
+        under frames in flight is noticed while they are still on the wire, not when they land."""
+        if not self._inflight:
+            return math.inf
+        now = time.perf_counter() if now is None else now
+        items = sorted(self._inflight.values())
+        first = items[0][0]
+        total, bound = 0, math.inf
+        for _, nbytes, rest_ms in items:
+            total += nbytes
+            waited_s = now - first - rest_ms / 1e3
+            if waited_s > _MIN_WAIT_S:
+                bound = min(bound, total * 8 / waited_s / 1e6)
+        return bound
 
     def first_hedge_s(self, i: int, pred_ms: float) -> float:
         """When a frame first considers the device: its predicted network-and-cloud time with a
@@ -106,7 +132,8 @@ class RemoteCall:
         remote = asyncio.ensure_future(cloud())
         remote.add_done_callback(consume)
         fallback: asyncio.Future[Outputs] | None = None
-        self.inflight_bytes += wire_bytes
+        rest_ms = 1.5 * (self.monitor.min_rtt_ms() + self.controller.cloud_ms()[i] + self.controller.queue_ms()) + 30.0
+        self._inflight[rid] = (sent_at, wire_bytes, rest_ms)
         reason: str | None = None
         try:
             if race:
@@ -135,10 +162,10 @@ class RemoteCall:
                           f"bad reply from the cloud: {exc}" if isinstance(exc, BadReply) else str(exc))
         finally:
             if reason != RACE_LOST:
-                self.inflight_bytes -= wire_bytes
+                self._inflight.pop(rid, None)
         if reason == RACE_LOST:
             def measured(task: "asyncio.Future[tuple[wire.Message, float]]") -> None:
-                self.inflight_bytes -= wire_bytes
+                self._inflight.pop(rid, None)
                 if not task.cancelled() and task.exception() is None:
                     reply, arrived = task.result()
                     if isinstance(reply, wire.Result):
