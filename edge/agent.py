@@ -355,12 +355,12 @@ class EdgeAgent:
         rtt = self.monitor.min_rtt_ms()  # base RTT (the 10 s minimum): queueing in a slow link is in the bandwidth
         if self.pinned is not None:
             i, explore, base = self.pinned, False, self.pinned
-            preds = self.controller.predict(bw, rtt, **common)  # type: ignore[arg-type]
+            preds, model = self.controller.predict_parts(bw, rtt, **common)  # type: ignore[arg-type]
         else:
             choice = self.controller.choose(bw, rtt, now, allowed=None if cloud_ok else self.local,
                                             **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
-            base = choice.unexplored
+            base, model = choice.unexplored, list(choice.base)
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # ramp the probes up while a faster link would change the choice
             prober.want_more = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
@@ -388,9 +388,12 @@ class EdgeAgent:
                    "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
         eout: dict[str, np.ndarray] = {}
         edge_expect = self.controller.edge_ms()[i]
+        started = time.perf_counter()
+        device_wait_ms = 0.0  # what this frame waited for the device (the load term's part, not the model's)
         if cand.edge is not None:
             eout, timings["edge_ms"] = await self.device.run(str(self.plan.file(cand.edge)),
                                                              {k: inputs[k] for k in cand.edge.inputs}, edge_expect)
+            device_wait_ms = max((time.perf_counter() - started) * 1e3 - timings["edge_ms"], 0.0)
             self.controller.observe_edge(i, timings["edge_ms"])
         if cand.local:
             outputs = self._finish(cand.finish({}, eout, self.plan.output_names))
@@ -439,6 +442,8 @@ class EdgeAgent:
             return FrameResult(index, outputs, self.plan.candidates[whole].id, "edge", None, sent, timings,
                                predicted_ms=preds[whole], explore=True, conditions=conditions)
         if reason is None:
+            if not race:  # what the model missed for this candidate (a raced frame shares the device)
+                self.controller.observe_total(i, (time.perf_counter() - started) * 1e3 - device_wait_ms, model[i])
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,

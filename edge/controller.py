@@ -77,6 +77,7 @@ class Choice:
     predictions: tuple[float, ...]
     explore: bool = False
     unexplored: int | None = None  # what the choice would have been without exploring
+    base: tuple[float, ...] = ()  # the model's part of each prediction (see Controller.predict_parts)
 
 
 class Controller:
@@ -104,6 +105,10 @@ class Controller:
         self.overhead_window_s = 10.0
         self.cold_frames = 2  # per candidate, not counted in its overhead
         self._seen = [0] * n
+        # per remote candidate, what its frames really took beyond the model's prediction (a device's
+        # scheduling, decoding, the loop): (time, ms); the median of the last frames is added
+        self._residual: list[deque[tuple[float, float]]] = [deque(maxlen=9) for _ in range(n)]
+        self._seen_total = [0] * n
         self._queue = _Ewma(alpha)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
@@ -138,6 +143,16 @@ class Controller:
         if self._seen[i] <= self.cold_frames:  # a candidate's first frames pay for cold code paths
             return
         self._overhead[i].append((time.monotonic() if now is None else now, ms))
+
+    def observe_total(self, i: int, measured_ms: float, base_ms: float, now: float | None = None) -> None:
+        """A remote frame's own time on this side (from its start to its result, less any wait for
+        the device) against what the model predicted for it (``base_ms``, without this residual or
+        the device's load): the difference, over a candidate's recent frames, corrects what the
+        model does not see. Its first ``cold_frames`` frames are not counted."""
+        self._seen_total[i] += 1
+        if self._seen_total[i] <= self.cold_frames or not math.isfinite(measured_ms - base_ms):
+            return
+        self._residual[i].append((time.monotonic() if now is None else now, measured_ms - base_ms))
 
     def observe_result(self, i: int, nbytes: int) -> None:
         self._result[i].add(nbytes)
@@ -182,6 +197,14 @@ class Controller:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
         ``downlink_mbps``: charge the results coming back at this rate (None: results are free);
         ``load``: the device's queue and the frame rate (see :meth:`load_ms`)."""
+        return self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
+                                  downlink_mbps=downlink_mbps, now=now, load=load)[0]
+
+    def predict_parts(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
+                      backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
+                      load: DeviceLoad | None = None) -> tuple[list[float], list[float]]:
+        """The predictions, and the model's part of them (before a candidate's measured residual
+        and the device's load), which :meth:`observe_total` compares a frame's real time with."""
         results = self.result_bytes()
         pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
                                cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
@@ -196,9 +219,14 @@ class Controller:
                 if len(recent) >= 2:
                     typical = float(np.percentile(recent, 25))
                     pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
+        base = list(pred)
+        for i, res in enumerate(self._residual):
+            recent = [ms for at, ms in res if now - at <= self.overhead_window_s]
+            if len(recent) >= 2 and not self.cm.local[i]:
+                pred[i] = max(pred[i] + float(np.median(recent)), 0.5 * pred[i])
         if load is not None:
             pred = [p + w for p, w in zip(pred, self.load_ms(pred, load))]
-        return pred
+        return pred, base
 
     def load_ms(self, pred: Sequence[float], load: DeviceLoad) -> list[float]:
         """Per candidate, what the device's load adds to a frame: the queue ahead of its device
@@ -222,8 +250,8 @@ class Controller:
                downlink_mbps: float | None = None, load: DeviceLoad | None = None) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable)."""
-        pred = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                            downlink_mbps=downlink_mbps, now=now, load=load)
+        pred, base = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
+                                        downlink_mbps=downlink_mbps, now=now, load=load)
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")
@@ -257,4 +285,4 @@ class Controller:
         if not explore and choice != self.current:
             self.current, self._since = choice, now
         self._last_used[choice] = now
-        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored)
+        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored, tuple(base))

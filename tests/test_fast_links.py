@@ -111,3 +111,20 @@ def test_the_prober_ramps_up_until_the_rate_stops_growing():
     assert len(sizes) <= 4  # the rate stopped growing at once: two rounds more, then it rests
     assert m.raw_mbps() == pytest.approx(link_mbps, rel=0.05)
     assert not prober.due(now[0])  # resting (and not idle long enough for a steady probe)
+
+
+def test_overdue_frames_bound_the_rate(yolo_plan):
+    """A 400 KB frame unanswered 0.5 s after it was sent, with 100 ms allowed for the RTT and the
+    cloud: the link carried less than 400 KB in 0.4 s, whatever the estimate said."""
+    from splitinfer.edge import EdgeAgent
+
+    ag = EdgeAgent(Plan.load(yolo_plan), "tcp://127.0.0.1:9", warmup=False)
+    rc = ag.remote
+    assert rc.rate_bound_mbps(now=10.0) == float("inf")
+    rc._inflight[1] = (10.0, 400_000, 100.0)
+    assert rc.rate_bound_mbps(now=10.05) == float("inf")  # not overdue yet
+    assert rc.rate_bound_mbps(now=10.5) == pytest.approx(400_000 * 8 / 0.4 / 1e6)
+    rc._inflight[2] = (10.2, 100_000, 100.0)  # a second frame behind it: 500 KB since 10.0
+    assert rc.rate_bound_mbps(now=10.5) == pytest.approx(min(400_000 * 8 / 0.4, 500_000 * 8 / 0.4) / 1e6)
+    assert rc.inflight_bytes == 500_000
+    ag.device.shutdown()
