@@ -4,11 +4,12 @@ the cloud is slow or gone. Never imports cloud/."""
 
 from __future__ import annotations
 
-from .agent import EdgeAgent, SyncEdgeAgent
+from .agent import EdgeAgent
 from .breaker import CircuitBreaker
 from .controller import Choice, Controller
 from .result import FrameResult
 from .runtime import Backend, OrtBackend
+from .sync_agent import SyncEdgeAgent
 
 __all__ = ["EdgeAgent", "SyncEdgeAgent", "FrameResult", "Controller", "Choice", "CircuitBreaker", "Backend",
            "OrtBackend"]

@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
@@ -40,7 +39,7 @@ from .link import CloudLink
 from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
 
-__all__ = ["EdgeAgent", "SyncEdgeAgent"]
+__all__ = ["EdgeAgent", "input_codec_for"]
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +391,8 @@ class EdgeAgent:
         device_wait_ms = 0.0  # what this frame waited for the device (the load term's part, not the model's)
         if cand.edge is not None:
             eout, timings["edge_ms"] = await self.device.run(str(self.plan.file(cand.edge)),
-                                                             {k: inputs[k] for k in cand.edge.inputs}, edge_expect)
+                                                             {k: inputs[k] for k in cand.edge.inputs}, edge_expect,
+                                                             priority=index)
             device_wait_ms = max((time.perf_counter() - started) * 1e3 - timings["edge_ms"], 0.0)
             self.controller.observe_edge(i, timings["edge_ms"])
         if cand.local:
@@ -407,12 +407,12 @@ class EdgeAgent:
         async def local() -> dict[str, np.ndarray]:
             # finish on the device: the cloud segment on the cut we have, or the whole model
             if cand.edge is None:
-                out, ms = await self.device.run(self._whole_model(), dict(inputs), local_expect)
+                out, ms = await self.device.run(self._whole_model(), dict(inputs), local_expect, priority=index)
                 if whole is not None:  # a real measurement of the all-edge candidate
                     self.controller.observe_edge(whole, ms)
             else:
                 assert cand.cloud is not None
-                cout, ms = await self.device.run(str(self.plan.file(cand.cloud)), cut, local_expect)
+                cout, ms = await self.device.run(str(self.plan.file(cand.cloud)), cut, local_expect, priority=index)
                 out = cand.finish(cut, cout, self.plan.output_names)
             if not closed:  # a raced run that lost finishes after the frame's record is made
                 timings["local_ms"] = ms
@@ -427,7 +427,8 @@ class EdgeAgent:
                 timings["encode_ms"] = (time.perf_counter() - t) * 1e3
                 self.controller.observe_encode(i, timings["encode_ms"])
             self._sized_at[i] = time.monotonic()
-            outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race)
+            outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
+                                             priority=index)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
         else:
             result, sent = await local(), 0
@@ -515,41 +516,3 @@ async def _aiter(frames: Any) -> AsyncIterator[Any]:
         for f in frames:
             yield f
             await asyncio.sleep(0)
-
-
-class SyncEdgeAgent:
-    """A thin synchronous facade: the agent lives on an event loop in its own thread.
-
-    >>> with SyncEdgeAgent("plans/yolo-n", cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
-    ...     r = agent.infer_sync({"input": frame})
-    """
-
-    def __init__(self, plan: Plan | str, cloud: str | None = "auto", **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="splitinfer-edge-loop", daemon=True)
-        self._thread.start()
-        self.agent: EdgeAgent = self._call(self._make(plan, cloud, kwargs), 60)
-
-    async def _make(self, plan: Plan | str, cloud: str | None, kwargs: dict[str, Any]) -> EdgeAgent:
-        return await EdgeAgent(plan, cloud, **kwargs).start()
-
-    def _call(self, coro: Any, timeout: float | None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def infer_sync(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 60.0) -> FrameResult:
-        return self._call(self.agent.infer(inputs), timeout)  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        if self._loop.is_running():
-            self._call(self.agent.aclose(), 30)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
-
-    def __enter__(self) -> "SyncEdgeAgent":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-

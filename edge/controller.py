@@ -96,7 +96,7 @@ class Controller:
         self.cheap_explore: set[int] = set()  # candidates the caller explores without risking the frame
         self.behind_frames = 10  # the horizon over which a candidate that cannot keep the frame rate is charged
         n = len(cost_model.ids)
-        self._edge = [_Median() for _ in range(n)]  # measured edge ms per candidate (median of the last 5)
+        self._edge = [_Median(3) for _ in range(n)]  # measured edge ms per candidate (median of the last 3)
         self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)

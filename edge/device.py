@@ -1,20 +1,23 @@
 """The device and its queue: every segment the edge runs (a frame's edge segment, a fallback, a
 hedge, a race) goes through one worker thread, as on a small device with one accelerator, and
-the queue knows how much work is ahead of a new job. The controller adds that wait to every
-candidate that needs the device; the hedge starts only when the device would finish sooner than
-the cloud is expected to answer; optional work (a hedge, a race) is refused while the queue is
-full, so fallbacks never pile onto an overloaded device.
+the queue knows how much work is ahead of a new job. Jobs run oldest frame first: results leave
+in order, so a late frame's hedge goes ahead of newer frames' work (which would wait for it
+anyway). The controller adds the wait to every candidate that needs the device; the hedge starts
+only when the device would finish sooner than the cloud is expected to answer; optional work (a
+hedge, a race) is refused while the queue is full, so fallbacks never pile onto an overloaded
+device.
 
->>> dev = Device(threads=1)                                    # doctest: +SKIP
->>> out, ms = await dev.run("segments/c1_edge.onnx", feeds, expect_ms=40.0)   # doctest: +SKIP
->>> dev.wait_ms()   # what a job submitted now would wait before it starts   # doctest: +SKIP
+>>> dev = Device(threads=1)                                                        # doctest: +SKIP
+>>> out, ms = await dev.run("segments/c1_edge.onnx", feeds, expect_ms=40.0, priority=7)  # doctest: +SKIP
+>>> dev.wait_ms(priority=8)   # what a job for frame 8 submitted now would wait       # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import heapq
 import itertools
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -23,13 +26,14 @@ import numpy as np
 
 from .runtime import Backend, OrtBackend
 
-__all__ = ["Device"]
+__all__ = ["Device", "BACKGROUND"]
 
 T = TypeVar("T")
+BACKGROUND = float("inf")  # the priority of work no frame waits for (measuring a JPEG's size)
 
 
 class Device:
-    """One worker thread running ONNX segments (and the device-side encoding), with its queue.
+    """One worker thread running ONNX segments (and device-side encoding), oldest frame first.
 
     ``max_jobs``: how many jobs may be queued or running before optional work is refused
     (:meth:`has_room`); frames themselves are bounded by the agent's pipeline."""
@@ -39,11 +43,15 @@ class Device:
         self.threads, self.emulate_slowdown = threads, emulate_slowdown
         self.max_jobs = max_jobs
         self.clock = clock
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="splitinfer-edge")
         self._backends: dict[str, Backend] = {}
-        self._jobs: dict[int, tuple[float, float | None]] = {}  # id -> (expected ms, started at)
-        self._ids = itertools.count()
-        self.refused = 0  # optional jobs refused for a full queue
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []  # (priority, seq, job)
+        self._jobs: dict[int, tuple[float, float, float | None]] = {}  # seq -> (priority, expected ms, started)
+        self._seq = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="splitinfer-edge", daemon=True)
+        self._thread.start()
 
     def backend(self, path: str) -> Backend:
         b = self._backends.get(path)
@@ -52,13 +60,19 @@ class Device:
         return b
 
     # ------------------------------------------------------------------ the queue
-    def wait_ms(self) -> float:
-        """How long a job submitted now would wait before it starts: what is left of the running
-        job (by its expected time) plus every queued job's expected time."""
+    def wait_ms(self, priority: float = BACKGROUND) -> float:
+        """How long a job of ``priority`` submitted now would wait before it starts: what is left
+        of the running job (by its expected time) and every queued job ahead of it (older frames;
+        the same frame's earlier jobs)."""
         now = self.clock()
+        with self._lock:
+            jobs = list(self._jobs.values())
         total = 0.0
-        for expected, started in self._jobs.values():
-            total += expected if started is None else max(expected - (now - started) * 1e3, 0.0)
+        for prio, expected, started in jobs:
+            if started is not None:
+                total += max(expected - (now - started) * 1e3, 0.0)
+            elif prio <= priority:
+                total += expected
         return total
 
     @property
@@ -69,33 +83,69 @@ class Device:
         """Whether optional work (a hedge, a race) may be queued now."""
         return len(self._jobs) < self.max_jobs
 
-    async def call(self, fn: Callable[[], T], expect_ms: float) -> T:
-        """Run ``fn`` on the device's thread, accounted in the queue as ``expect_ms``."""
-        jid = next(self._ids)
-        self._jobs[jid] = (max(expect_ms, 0.0), None)
+    async def call(self, fn: Callable[[], T], expect_ms: float, priority: float = BACKGROUND) -> T:
+        """Run ``fn`` on the device's thread, queued by ``priority`` (a frame's index: lower first)
+        and accounted as ``expect_ms``."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        seq = next(self._seq)
 
-        def job() -> T:
-            self._jobs[jid] = (self._jobs[jid][0], self.clock())
-            return fn()
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():
+                (fut.set_result if ok else fut.set_exception)(value)
 
+        def job() -> None:
+            with self._lock:
+                if seq not in self._jobs:  # the caller went away before it started
+                    return
+                prio, expected, _ = self._jobs[seq]
+                self._jobs[seq] = (prio, expected, self.clock())
+            try:
+                value, ok = fn(), True
+            except BaseException as exc:  # handed to the caller
+                value, ok = exc, False
+            with self._lock:
+                self._jobs.pop(seq, None)
+            loop.call_soon_threadsafe(settle, ok, value)
+
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the device is shut down")
+            self._jobs[seq] = (priority, max(expect_ms, 0.0), None)
+            heapq.heappush(self._heap, (priority, seq, job))
+            self._wake.notify()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+            return await fut
         finally:
-            self._jobs.pop(jid, None)
+            with self._lock:
+                prio, expected, started = self._jobs.get(seq, (0.0, 0.0, 0.0))
+                if started is None:  # cancelled while queued: it will not run
+                    self._jobs.pop(seq, None)
 
-    async def run(self, path: str, feeds: Mapping[str, np.ndarray],
-                  expect_ms: float = 0.0) -> tuple[dict[str, np.ndarray], float]:
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._heap and not self._closed:
+                    self._wake.wait()
+                if not self._heap:
+                    return
+                _, _, job = heapq.heappop(self._heap)
+            job()
+
+    async def run(self, path: str, feeds: Mapping[str, np.ndarray], expect_ms: float = 0.0,
+                  priority: float = BACKGROUND) -> tuple[dict[str, np.ndarray], float]:
         """A segment's outputs and the run's own time in ms (not the wait for the thread)."""
         def run() -> tuple[dict[str, np.ndarray], float]:
             t = time.perf_counter()
             out = self.backend(path).run(feeds)
             return out, (time.perf_counter() - t) * 1e3
 
-        return await self.call(run, expect_ms)
-
-    def submit_now(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn`` on the device's thread and wait for it (start-up, outside any loop)."""
-        return self._executor.submit(fn, *args).result()
+        return await self.call(run, expect_ms, priority)
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+        """Run what is queued, then stop the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()

@@ -95,10 +95,12 @@ class RemoteCall:
         network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
         return min(max((self.hedge_factor * network_ms + self.hedge_margin_ms) / 1e3, _MIN_WAIT_S), DEADLINE_S)
 
-    def should_hedge(self, elapsed_ms: float, network_ms: float, local_ms: float) -> bool:
+    def should_hedge(self, elapsed_ms: float, network_ms: float, local_ms: float,
+                     priority: float = math.inf) -> bool:
         """Whether the device starts a late frame now: it would finish sooner than the cloud is
-        expected to, with room in its queue — or it must start now to answer by the deadline."""
-        finish_ms = self.device.wait_ms() + local_ms
+        expected to, with room in its queue — or it must start now to answer by the deadline.
+        ``priority`` is the frame's place in the device's queue (its index: older frames first)."""
+        finish_ms = self.device.wait_ms(priority) + local_ms
         if elapsed_ms + finish_ms >= DEADLINE_S * 1e3:
             return True
         late_ms = max(elapsed_ms - network_ms, self.hedge_margin_ms)
@@ -106,7 +108,7 @@ class RemoteCall:
 
     async def call(self, i: int, cand: Candidate, cut: Outputs, encoded: dict[str, Encoded], codec: str,
                    pred_ms: float, timings: dict[str, float], local: Callable[[], Awaitable[Outputs]],
-                   local_ms: float, *, race: bool = False) -> Outcome:
+                   local_ms: float, *, race: bool = False, priority: float = math.inf) -> Outcome:
         """Send ``encoded`` (the cut, encoded with ``codec``) as candidate ``i`` and wait for the
         cloud, hedging on the device with ``local`` (expected to take ``local_ms``)."""
         ch = self.link.channel
@@ -145,7 +147,7 @@ class RemoteCall:
                     if done:
                         break
                     elapsed_ms = (time.perf_counter() - sent_at) * 1e3
-                    if self.should_hedge(elapsed_ms, network_ms, local_ms):
+                    if self.should_hedge(elapsed_ms, network_ms, local_ms, priority):
                         fallback = asyncio.ensure_future(local())
                         self.hedges += 1
                     else:

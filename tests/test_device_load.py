@@ -6,6 +6,7 @@ optional work (hedges, races) is refused while the queue is full."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_the_device_queue_counts_what_is_ahead():
         a = asyncio.ensure_future(dev.call(slow, 100.0))
         await asyncio.sleep(0)
         b = asyncio.ensure_future(dev.call(lambda: 2, 40.0))
-        while dev.jobs < 2 or dev._jobs[0][1] is None:
+        while dev.jobs < 2 or dev._jobs[0][2] is None:
             await asyncio.sleep(0.001)
         clock[0] += 0.03  # the running job is 30 ms in
         waited = dev.wait_ms()
@@ -98,7 +99,32 @@ def test_a_hedge_waits_for_a_busy_device_to_be_worth_it(yolo_plan):
     assert not rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=300)  # 300 ms away, 30 ms late: no
     assert rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=300)  # 350 ms late now: yes
     assert rc.should_hedge(elapsed_ms=2900, network_ms=2800, local_ms=300)  # the deadline: must
-    ag.device._jobs.update({1: (500.0, None), 2: (500.0, None), 3: (500.0, None)})  # a full queue
-    assert not rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=5)
+    ag.device._jobs.update({k: (0.0, 500.0, None) for k in range(1000, 1003)})  # a full queue of older frames
+    assert not rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=5, priority=7)
     ag.device._jobs.clear()
     ag.device.shutdown()
+
+
+def test_older_frames_go_first_on_the_device():
+    """A late frame's hedge (frame 2) goes ahead of a newer frame's edge segment (frame 5) queued
+    before it: results leave in order, so frame 5 would wait for frame 2 anyway."""
+    dev = Device(max_jobs=3)
+    gate = threading.Event()
+    order = []
+
+    async def main():
+        running = asyncio.ensure_future(dev.call(lambda: gate.wait(5) and order.append("running"), 50.0, 0))
+        while not dev.jobs or dev._jobs[next(iter(dev._jobs))][2] is None:
+            await asyncio.sleep(0.001)
+        newer = asyncio.ensure_future(dev.call(lambda: order.append(5), 30.0, 5))
+        await asyncio.sleep(0.01)
+        older = asyncio.ensure_future(dev.call(lambda: order.append(2), 20.0, 2))
+        await asyncio.sleep(0.01)
+        ahead_of_3 = dev.wait_ms(priority=3)  # the running job and frame 2's, not frame 5's
+        gate.set()
+        await asyncio.gather(running, newer, older)
+        return ahead_of_3
+    ahead = asyncio.run(main())
+    dev.shutdown()
+    assert order == ["running", 2, 5]
+    assert 20.0 <= ahead <= 70.0
