@@ -314,6 +314,14 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="keep the runs already in edge_traces.json")
     ap.add_argument("--from-records", action="store_true", help="run nothing: recompute from the kept records")
     args = ap.parse_args()
+    import fcntl
+
+    RESULTS.mkdir(exist_ok=True)
+    lock = open(RESULTS / ".edge_traces.lock", "w")  # noqa: SIM115 - held until the process ends
+    try:  # two runs at once would share the cgroups and each other's CPU: every figure wrong
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit("another edge_traces.py is running (it holds benchmarks/results/.edge_traces.lock)")
     path = RESULTS / "edge_traces.json"
     results: dict = {"args": vars(args), "runs": {}}
     if (args.resume or args.from_records) and path.is_file():
