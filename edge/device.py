@@ -118,8 +118,8 @@ class Device:
             return await fut
         finally:
             with self._lock:
-                prio, expected, started = self._jobs.get(seq, (0.0, 0.0, 0.0))
-                if started is None:  # cancelled while queued: it will not run
+                job_state = self._jobs.get(seq)
+                if job_state is not None and job_state[2] is None:  # cancelled while queued: it will not run
                     self._jobs.pop(seq, None)
 
     def _serve(self) -> None:

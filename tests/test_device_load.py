@@ -9,7 +9,6 @@ import asyncio
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from conftest import arun
