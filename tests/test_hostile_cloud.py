@@ -337,14 +337,20 @@ def test_sigterm_during_a_batch_longer_than_the_drain_exits_0_and_answers(slow_p
                              "--drain-s", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        port = None
+        port = metrics = None
         for line in proc.stdout:
-            m = re.match(r"edge: tcp://127\.0\.0\.1:(\d+)", line)
-            if m:
+            if m := re.match(r"edge: tcp://127\.0\.0\.1:(\d+)", line):
                 port = int(m.group(1))
+            if m := re.match(r"metrics: (\S+)", line):
+                metrics = m.group(1)
             if line.startswith("serving"):
                 break
-        assert port, proc.stderr.read()
+        assert port and metrics, proc.stderr.read()
+
+        async def queued(session: aiohttp.ClientSession) -> float:
+            async with session.get(metrics) as resp:
+                text = await resp.text()
+            return sum(float(v) for v in re.findall(r"^splitinfer_queue_depth\{[^}]*\} (\S+)$", text, re.M))
 
         async def main():
             ch = await TcpChannel.connect("127.0.0.1", port)
@@ -353,7 +359,9 @@ def test_sigterm_during_a_batch_longer_than_the_drain_exits_0_and_answers(slow_p
             x = np.zeros(plan.inputs[0].shape, np.float32)
             for rid in range(1, 4):  # one runs, two wait behind it
                 await ch.send(wire.InferRequest(rid, plan.hash, "cloud", {"x": x}, codec="raw"))
-            await asyncio.sleep(0.3)
+            async with aiohttp.ClientSession() as session:  # the server's own word that a batch runs
+                while await queued(session) < 2:
+                    await asyncio.sleep(0.02)
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             got = []
@@ -364,7 +372,13 @@ def test_sigterm_during_a_batch_longer_than_the_drain_exits_0_and_answers(slow_p
                     break
             return got, time.monotonic() - t0
 
-        got, took = arun(main(), timeout=60)
+        try:
+            got, took = arun(main(), timeout=60)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            print("server stderr:\n" + proc.stderr.read())  # shown by pytest with the failure
+            raise
         answered = {m.request_id for m in got if isinstance(m, (wire.Result, wire.Error))}
         assert answered == {1, 2, 3}, got
         assert all(m.code == "shutdown" for m in got if isinstance(m, wire.Error)), got

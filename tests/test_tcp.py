@@ -165,3 +165,25 @@ def test_content_error_through_memory_pair():
             await b.recv()
         assert not b.closed
     arun(main())
+
+
+def test_frames_that_arrived_before_a_clean_close_are_delivered_before_it():
+    """A peer that sends its last frames (a result, a bye) and closes: the reader gets every frame
+    that arrived whole, then ChannelClosed, even when it reads only after the close was seen."""
+    async def say_and_close(ch):
+        for i in range(3):
+            await ch.send(Result(i, {"x": np.full(50_000, i, np.float32)}))
+        await ch.send(wire.Bye("shutdown"))
+        await ch.aclose()
+
+    async def main():
+        async with await TcpServer.start(say_and_close) as srv:
+            ch = await TcpChannel.connect("127.0.0.1", srv.port)
+            await asyncio.wait_for(asyncio.shield(ch._p.lost), 10)  # the close has arrived; nothing read yet
+            got = [await ch.recv() for _ in range(4)]
+            assert [m.request_id for m in got[:3]] == [0, 1, 2] and isinstance(got[3], wire.Bye)
+            assert np.array_equal(got[2].outputs["x"], np.full(50_000, 2, np.float32))
+            with pytest.raises(ChannelClosed):
+                await ch.recv()
+            await ch.aclose()
+    arun(main())

@@ -158,7 +158,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.error is None:
             self.error = ChannelClosed(f"connection lost: {exc}" if exc else "the peer closed the connection")
-        self._release()
+        # A clean close keeps the frames that arrived whole before it (a last result, a bye): they
+        # are delivered before the close is. A broken connection, or one we failed, frees them too.
+        self._release(keep_frames=exc is None)
         if not self.lost.done():
             self.lost.set_result(None)
         self._can_write.set()
@@ -171,11 +173,13 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._can_write.set()
 
     # -- helpers
-    def _release(self) -> None:
-        """Free what a dead connection holds at once: its partial frame and its queued frames."""
+    def _release(self, *, keep_frames: bool = False) -> None:
+        """Free what a dead connection holds at once: its partial frame and (unless ``keep_frames``)
+        its queued frames."""
         self._frame = None
-        self.frames.clear()
-        self._queued = 0
+        if not keep_frames:
+            self.frames.clear()
+            self._queued = 0
         if self._budget is not None:
             self._budget.release(self)
         if self._idle_timer is not None:
