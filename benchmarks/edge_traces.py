@@ -337,6 +337,7 @@ def main() -> None:
     if not TRACES.is_dir() and args.windows:
         sys.exit(f"{TRACES} not found (the trace windows need ../shared/traces; --windows 0 runs the fixed regimes)")
     RECORDS.mkdir(parents=True, exist_ok=True)
+    code = _code_version()  # each run says which code measured it (a --resume may mix versions)
     plan_work = []
     for device in args.devices.split(","):
         plan_work += [(r, device) for r in fixed_regimes(args.fixed_seconds)]
@@ -376,13 +377,26 @@ def main() -> None:
                         f.writelines(json.dumps(x) + "\n" for x in r)
                 results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind,
                                         "seconds": regime.seconds, "frames": n,
-                                        "wall_s": round(time.monotonic() - t, 1),
+                                        "wall_s": round(time.monotonic() - t, 1), "code": code,
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]))}
                 finish(results)  # after every regime: a stopped run keeps what it measured
         finally:
             cloud.terminate()
             cloud.wait(30)
     finish(results)
+
+
+def _code_version() -> str:
+    """The commit the product code is at, "+changes" when its files differ from it ("?" outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "edge", "transport", "cloud", "core", "splitter"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + ("+changes" if dirty else "")
 
 
 def _safe(key: str) -> str:

@@ -30,7 +30,7 @@ from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
 from ..splitter.plan import Plan
-from ..transport.bandwidth import BandwidthMonitor
+from ..transport.bandwidth import BandwidthMonitor, queued_bytes
 from ..transport.codecs import Encoded, encode_tensor
 from .breaker import CircuitBreaker
 from .controller import Controller, DeviceLoad
@@ -322,8 +322,9 @@ class EdgeAgent:
             self._spawn(self._sample_sizes_later(inputs))
         return r
 
-    def _conditions(self) -> tuple[bool, float, float]:
-        """Whether the cloud may be asked, the bandwidth to plan with, and the uplink backlog (ms)."""
+    def _conditions(self) -> tuple[bool, float, float, float]:
+        """Whether the cloud may be asked, the bandwidth to plan with, the uplink backlog of frames
+        in flight and the probes' part on top of it (ms)."""
         cloud_ok = self.connected and self.breaker.allows(time.monotonic())
         bw = self.monitor.estimate_mbps()
         prober = self.link.prober if self.link is not None else None
@@ -331,10 +332,12 @@ class EdgeAgent:
             bw = min(bw, prober.rate_bound_mbps(rtt_ms=self.monitor.min_rtt_ms()))
         if self.remote is not None:  # and so do overdue frames
             bw = min(bw, self.remote.rate_bound_mbps())
-        # frames and probes ahead of this one on the uplink
-        ahead = (self.remote.inflight_bytes if self.remote is not None else 0) + \
-            (self.link.probe_bytes_in_flight() if self.link is not None else 0)
-        return cloud_ok, bw, ahead * 8 / (max(bw, 1e-3) * 1e3)
+        # frames and probes still ahead of this one on the uplink
+        frames = self.remote.sends_in_flight() if self.remote is not None else []
+        probes = self.link.probe_sends_in_flight() if self.link is not None else []
+        ms_per_byte = 8 / (max(bw, 1e-3) * 1e3)
+        backlog = queued_bytes(frames, bw) * ms_per_byte
+        return cloud_ok, bw, backlog, (queued_bytes(frames + probes, bw) * ms_per_byte - backlog if probes else 0.0)
 
     async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],
                              captured: float | None = None) -> FrameResult:
@@ -347,7 +350,7 @@ class EdgeAgent:
             # the first frame: a few ms, once (the encoding is reused if the frame goes that way)
             encoded = self._encode_inputs(self._due_for_sizing(only_unmeasured=True), inputs)
             self._observe_sizes(encoded)
-        cloud_ok, bw, backlog_ms = self._conditions()
+        cloud_ok, bw, backlog_ms, probe_ms = self._conditions()
         load = self._load()
         common = dict(backlog_ms=backlog_ms, default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw),
                       load=load)
@@ -357,7 +360,7 @@ class EdgeAgent:
             preds, model = self.controller.predict_parts(bw, rtt, **common)  # type: ignore[arg-type]
         else:
             choice = self.controller.choose(bw, rtt, now, allowed=None if cloud_ok else self.local,
-                                            **common)  # type: ignore[arg-type]
+                                            transient_ms=probe_ms, **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
             base, model = choice.unexplored, list(choice.base)
         prober = self.link.prober if self.link is not None else None
@@ -379,7 +382,7 @@ class EdgeAgent:
         pred = preds[i]
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards
-        conditions = {"bandwidth_mbps": bw, "rtt_ms": rtt, "backlog_ms": backlog_ms,
+        conditions = {"bandwidth_mbps": bw, "rtt_ms": rtt, "backlog_ms": backlog_ms, "probe_backlog_ms": probe_ms,
                       "device_wait_ms": load.wait_ms, "frame_interval_ms": load.interval_ms if math.isfinite(load.interval_ms) else None, "cloud_ok": cloud_ok,
                       "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
                       "cloud_error": None if self.connected else self.last_error}

@@ -24,7 +24,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -232,26 +232,47 @@ class Controller:
         """Per candidate, what the device's load adds to a frame: the queue ahead of its device
         work, and, where the candidate cannot keep the camera's rate (its device time, or its
         latency over the frames allowed in flight, is longer than the frame interval), the backlog
-        it would build: it falls behind by the difference every frame, ``behind_frames / 2``
-        frames' worth on average over the next ``behind_frames``."""
+        it would build: it falls behind by the difference every frame, half the horizon's worth on
+        average over the horizon: the frames a choice is kept at least (``min_dwell_s``), and
+        never fewer than ``behind_frames``."""
         out = []
+        horizon = self.behind_frames
+        if math.isfinite(load.interval_ms) and load.interval_ms > 0:
+            horizon = max(horizon, self.min_dwell_s * 1e3 / load.interval_ms)
         for i, p in enumerate(pred):
             dev = load.device_ms[i]
             extra = load.wait_ms if dev > 0 else 0.0
             if math.isfinite(load.interval_ms):
                 cycle = max(dev, (p + extra) / max(load.max_inflight, 1))
-                extra += max(cycle - load.interval_ms, 0.0) * self.behind_frames / 2
+                extra += max(cycle - load.interval_ms, 0.0) * horizon / 2
             out.append(extra)
         return out
 
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
-               default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0,
+               default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0, transient_ms: float = 0.0,
                downlink_mbps: float | None = None, load: DeviceLoad | None = None) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
-        the cloud is unreachable)."""
+        the cloud is unreachable). ``transient_ms``: uplink time of one-off traffic ahead of this
+        frame (a probe): it weighs on this frame's choice only; the standing choice, which
+        hysteresis keeps, is made without it, so one probe does not move every frame after it."""
         pred, base = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
                                         downlink_mbps=downlink_mbps, now=now, load=load)
+        choice = self._standing(pred, now, allowed, default_ratio)
+        if self.policy == "latency" and transient_ms > 0 and choice.index == self.current and not self.cm.local[choice.index]:
+            fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio,
+                                              backlog_ms=backlog_ms + transient_ms, downlink_mbps=downlink_mbps,
+                                              now=now, load=load)
+            idx = list(allowed) if allowed is not None else list(range(len(fpred)))
+            best = min(idx, key=fpred.__getitem__)
+            if fpred[best] < fpred[choice.index] * (1 - self.hysteresis):  # this frame goes round it
+                self._last_used[best] = now
+                return Choice(best, self.cm.ids[best], fpred[best], tuple(fpred), False, best, tuple(fbase))
+        return replace(choice, base=tuple(base))
+
+    def _standing(self, pred: list[float], now: float, allowed: Collection[int] | None,
+                  default_ratio: float | Sequence[float]) -> Choice:
+        """The choice from ``pred``, with hysteresis, a minimum dwell and exploration."""
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")
@@ -285,4 +306,4 @@ class Controller:
         if not explore and choice != self.current:
             self.current, self._since = choice, now
         self._last_used[choice] = now
-        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored, tuple(base))
+        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored)

@@ -104,9 +104,9 @@ class CloudLink:
     def forget(self, rid: int) -> None:
         self._pending.pop(rid, None)
 
-    def probe_bytes_in_flight(self) -> int:
-        """Probe bytes sent and not yet answered: they are ahead of any frame on the uplink."""
-        return self.prober.inflight_bytes if self.prober is not None else 0
+    def probe_sends_in_flight(self) -> list[tuple[float, int]]:
+        """(seconds since sent, bytes) of each probe not yet answered."""
+        return self.prober.sends_in_flight() if self.prober is not None else []
 
     # ------------------------------------------------------------------ connection
     async def _resolve_url(self) -> str:

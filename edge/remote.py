@@ -68,8 +68,13 @@ class RemoteCall:
 
     @property
     def inflight_bytes(self) -> int:
-        """Bytes sent to the cloud and not yet answered: ahead of any new frame on the uplink."""
+        """Bytes sent to the cloud and not yet answered."""
         return sum(n for _, n, _ in self._inflight.values())
+
+    def sends_in_flight(self) -> list[tuple[float, int]]:
+        """(seconds since sent, bytes) of each frame not yet answered (see ``queued_bytes``)."""
+        now = time.perf_counter()
+        return [(now - at, n) for at, n, _ in self._inflight.values()]
 
     def rate_bound_mbps(self, now: float | None = None) -> float:
         """What overdue frames say of the link, as unanswered probes do: since the oldest frame in

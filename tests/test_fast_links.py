@@ -128,3 +128,17 @@ def test_overdue_frames_bound_the_rate(yolo_plan):
     assert rc.rate_bound_mbps(now=10.5) == pytest.approx(min(400_000 * 8 / 0.4, 500_000 * 8 / 0.4) / 1e6)
     assert rc.inflight_bytes == 500_000
     ag.device.shutdown()
+
+
+def test_bytes_sent_long_enough_ago_are_through_the_link():
+    """What is still ahead of a new frame: the link drains what was sent first in, first out at its
+    rate; a probe whose answer is still on the way back is no longer in the way."""
+    from splitinfer.transport.bandwidth import queued_bytes
+
+    per_s = 1e6 / 8  # 1 Mbit/s
+    assert queued_bytes([], 1.0) == 0.0
+    assert queued_bytes([(0.0, 1000)], 1.0) == 1000.0
+    assert queued_bytes([(1.0, int(per_s))], 1.0) == 0.0  # through, answered or not
+    assert queued_bytes([(1.0, int(2 * per_s))], 1.0) == pytest.approx(per_s)
+    # the older send is through after 1 s; the newer one (0.5 s ago) waited for it: half of it is left
+    assert queued_bytes([(0.5, int(per_s)), (2.0, int(per_s))], 1.0) == pytest.approx(per_s / 2)

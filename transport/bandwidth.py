@@ -28,12 +28,12 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from .wire import Ping, Pong
 
-__all__ = ["BandwidthMonitor", "ActiveProber", "Ewma"]
+__all__ = ["BandwidthMonitor", "ActiveProber", "Ewma", "queued_bytes"]
 
 
 @dataclass
@@ -158,6 +158,22 @@ class BandwidthMonitor:
         return self.clock() - last
 
 
+def queued_bytes(sends: Iterable[tuple[float, int]], mbps: float) -> float:
+    """Bytes still ahead on an uplink of ``mbps``: ``sends`` are (seconds ago, bytes) of what was
+    written and not yet answered. The link drains them first in, first out, at its rate: bytes
+    sent long enough ago are through even while their answers are still on the way back (counting
+    them until the answer came made an idle link look busy for a whole RTT)."""
+    rate = max(mbps, 1e-6) * 1e6 / 8  # bytes per second
+    queue, last = 0.0, None
+    for ago, n in sorted(sends, key=lambda s: -s[0]):  # oldest first
+        if last is not None:
+            queue = max(queue - rate * (last - ago), 0.0)
+        queue, last = queue + n, ago
+    if last is not None:
+        queue = max(queue - rate * max(last, 0.0), 0.0)
+    return queue
+
+
 class ActiveProber:
     """Probe the uplink with padded pings while no data flows.
 
@@ -202,8 +218,13 @@ class ActiveProber:
 
     @property
     def inflight_bytes(self) -> int:
-        """Probe bytes sent and not yet answered: they are ahead of any frame on the uplink."""
+        """Probe bytes sent and not yet answered."""
         return sum(n for _, n in self._inflight.values())
+
+    def sends_in_flight(self, now: float | None = None) -> list[tuple[float, int]]:
+        """(seconds since sent, bytes) of each probe not yet answered: see :func:`queued_bytes`."""
+        now = self.monitor.clock() if now is None else now
+        return [(now - at, n) for at, n in self._inflight.values()]
 
     def _rate_bps(self) -> float:
         # a probe that measured more than the (smoothed) estimate sizes the next one: probe up fast
