@@ -145,17 +145,18 @@ def test_a_probe_ahead_of_a_frame_moves_that_frame_not_the_standing_choice(yolo_
 
     cm = CostModel.from_plan(Plan.load(yolo_plan))
     c = Controller(cm, explore_every_s=1e9)
-    cloud, edge = cm.ids.index("cloud"), cm.ids.index("edge")
+    edge = cm.ids.index("edge")
     for _ in range(3):
-        c.observe_edge(edge, 40.0)  # the device: 40 ms a frame
+        c.observe_edge(edge, 400.0)  # a slow device: some remote candidate stands
     first = c.choose(1000.0, 30.0, now=0.0)
-    assert first.index == cloud  # a fast link, a slow device: the cloud
+    standing = first.index
+    assert not cm.local[standing]
     pred = first.predictions
-    probe_ms = 2 * (pred[edge] - pred[cloud])  # a probe that makes the edge the better for one frame
+    probe_ms = 2 * (pred[edge] - pred[standing])  # a probe that makes the edge the better for one frame
     detour = c.choose(1000.0, 30.0, now=1.0, transient_ms=probe_ms)
-    assert detour.index != cloud and not detour.explore
-    assert c.current == cloud  # the standing choice did not move...
-    assert c.choose(1000.0, 30.0, now=1.01).index == cloud  # ...so the next frame, the probe gone, is the cloud's
+    assert detour.index == edge and not detour.explore
+    assert c.current == standing  # the standing choice did not move...
+    assert c.choose(1000.0, 30.0, now=1.01).index == standing  # ...so the next frame, the probe gone, is its
 
 
 def test_a_device_that_cannot_keep_the_rate_is_charged_for_as_long_as_a_choice_is_kept(yolo_plan):
