@@ -258,24 +258,24 @@ class Controller:
         hysteresis keeps, is made without it, so one probe does not move every frame after it."""
         pred, base = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
                                         downlink_mbps=downlink_mbps, now=now, load=load)
-        choice = self._standing(pred, now, allowed, default_ratio)
-        if self.policy == "latency" and transient_ms > 0 and choice.index == self.current and not self.cm.local[choice.index]:
+        idx = list(allowed) if allowed is not None else list(range(len(pred)))
+        if not idx:
+            raise ValueError("no candidate is allowed")
+        choice = self._standing(pred, now, idx, default_ratio)
+        detour = self.policy == "latency" and transient_ms > 0 and choice.index == self.current
+        if detour and not self.cm.local[choice.index]:
             fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio,
                                               backlog_ms=backlog_ms + transient_ms, downlink_mbps=downlink_mbps,
                                               now=now, load=load)
-            idx = list(allowed) if allowed is not None else list(range(len(fpred)))
             best = min(idx, key=fpred.__getitem__)
             if fpred[best] < fpred[choice.index] * (1 - self.hysteresis):  # this frame goes round it
                 self._last_used[best] = now
                 return Choice(best, self.cm.ids[best], fpred[best], tuple(fpred), False, best, tuple(fbase))
         return replace(choice, base=tuple(base))
 
-    def _standing(self, pred: list[float], now: float, allowed: Collection[int] | None,
+    def _standing(self, pred: list[float], now: float, idx: list[int],
                   default_ratio: float | Sequence[float]) -> Choice:
-        """The choice from ``pred``, with hysteresis, a minimum dwell and exploration."""
-        idx = list(allowed) if allowed is not None else list(range(len(pred)))
-        if not idx:
-            raise ValueError("no candidate is allowed")
+        """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration."""
         if self.policy == "bytes":
             within = [i for i in idx if pred[i] <= self.budget]  # type: ignore[operator]
             raw = [self.cm.up_bytes[i] * (self.byte_ratios(default_ratio)[i]) for i in range(len(pred))]

@@ -216,11 +216,6 @@ class ActiveProber:
                   if now - at > rtt_ms / 1e3]
         return min(bounds, default=math.inf)
 
-    @property
-    def inflight_bytes(self) -> int:
-        """Probe bytes sent and not yet answered."""
-        return sum(n for _, n in self._inflight.values())
-
     def sends_in_flight(self, now: float | None = None) -> list[tuple[float, int]]:
         """(seconds since sent, bytes) of each probe not yet answered: see :func:`queued_bytes`."""
         now = self.monitor.clock() if now is None else now
