@@ -149,7 +149,10 @@ class PixelFormat:
         p = rgb.transpose(2, 0, 1)
         if self.order == "bgr":
             p = p[::-1]
-        x = (p.astype(np.float32) * np.float32(self.scale) - mean) / std
+        x = p.astype(np.float32, order="C")  # in place from here: one array for the whole conversion
+        x *= np.float32(self.scale)
+        x -= mean
+        x /= std
         return x[None].astype(dtype, copy=False)
 
 

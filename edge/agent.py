@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -512,10 +513,17 @@ class EdgeAgent:
 
 
 async def _aiter(frames: Any) -> AsyncIterator[Any]:
+    """The frames of an async or a plain iterable. A plain one (a decoder, a renderer) is pulled on
+    its own thread, one frame at a time: making a frame never stalls the frames in flight."""
     if hasattr(frames, "__aiter__"):
         async for f in frames:
             yield f
-    else:
-        for f in frames:
+        return
+    it, end = iter(frames), object()
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="splitinfer-source")
+    try:
+        while (f := await loop.run_in_executor(pool, next, it, end)) is not end:
             yield f
-            await asyncio.sleep(0)
+    finally:  # a source stuck in its next frame must not hold the loop up
+        pool.shutdown(wait=False)

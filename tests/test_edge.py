@@ -227,6 +227,29 @@ def test_no_cloud_at_all_runs_locally(yolo_plan):
 
 
 
+def test_a_slow_source_does_not_stall_the_frames_in_flight(yolo_plan):
+    """A plain iterable (a decoder, a renderer) is pulled on its own thread: while it makes the
+    next frame, the frame before it finishes and is delivered."""
+    import threading
+    plan = Plan.load(yolo_plan)
+    delivered, waited = threading.Event(), []
+
+    def source():
+        yield random_feeds(plan.inputs, seed=0)
+        waited.append(delivered.wait(30))  # the next frame is "made" only once frame 0 is out
+        yield random_feeds(plan.inputs, seed=1)
+
+    async def main():
+        async with EdgeAgent(plan, None) as ag:
+            out = []
+            async for r in ag.stream(source()):
+                out.append(r.index)
+                delivered.set()
+            return out
+    assert arun(main()) == [0, 1]
+    assert waited == [True]  # frame 0 was delivered while the source was busy
+
+
 def test_start_measures_this_device_before_the_first_frame(yolo_plan):
     """The plan's profile comes from the machine that made it; a slower device must not trust it
     for its first frames: start() times every edge segment here."""
