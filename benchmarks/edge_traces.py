@@ -38,6 +38,7 @@ import asyncio
 import gzip
 import json
 import math
+import os
 import random
 import re
 import statistics
@@ -359,9 +360,11 @@ def main() -> None:
         from splitinfer.splitter import Plan
 
         strategies = ["adaptive", *(c.id for c in Plan.load(plan_dir).candidates)]
+        # the cloud at full speed: ahead of the edges and the link emulators in the CPU's queue (as
+        # root), else its compute times carry this machine's contention (27-100 ms for one frame)
         cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
                                   "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=_cloud_first)
         try:
             text = ""
             while "serving" not in text:
@@ -391,6 +394,13 @@ def main() -> None:
             cloud.terminate()
             cloud.wait(30)
     finish(results)
+
+
+def _cloud_first() -> None:
+    try:
+        os.nice(-10)
+    except OSError:  # not root: the cloud shares the CPU alike (said by its compute times)
+        pass
 
 
 def _code_version() -> str:

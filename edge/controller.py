@@ -12,6 +12,8 @@ ratio). On top of it:
   ``explore_margin`` of the best, is used for one frame to re-measure it (``explore_margin_costly``
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
   candidates, ``cheap_explore``, but not split cuts);
+* the cloud's reports (compute, queue) averaged over time, not over a count of frames, so a
+  candidate re-measured after a pause is judged by the new measurement;
 * the device's load: the queue ahead of a candidate's device work, and the backlog a candidate
   would build at a frame rate it cannot keep (:meth:`Controller.load_ms`);
 * policies: ``latency`` (lowest predicted latency, the default) and ``bytes`` (fewest uplink
@@ -41,6 +43,26 @@ class _Ewma:
 
     def add(self, x: float) -> None:
         self.value = x if math.isnan(self.value) else (1 - self.alpha) * self.value + self.alpha * x
+
+
+class _TimedEwma:
+    """An average that forgets by time, not by count: a sample ``dt`` seconds after the last one
+    weighs ``1 - exp(-dt / tau_s)`` (at least ``floor``). A candidate measured every frame is
+    smoothed over about ``tau_s``; one measured again after a pause (an exploration every few
+    seconds) is judged by that new measurement, not by what it did before the pause (a cold
+    start, a burst of load that has passed)."""
+
+    def __init__(self, tau_s: float, floor: float = 0.05) -> None:
+        self.tau_s, self.floor = tau_s, floor
+        self.value, self._at = math.nan, -math.inf
+
+    def add(self, x: float, now: float) -> None:
+        if math.isnan(self.value):
+            self.value = x
+        else:
+            w = max(1.0 - math.exp(-max(now - self._at, 0.0) / self.tau_s), self.floor)
+            self.value += w * (x - self.value)
+        self._at = now
 
 
 class _Median:
@@ -83,7 +105,8 @@ class Choice:
 class Controller:
     def __init__(self, cost_model: CostModel, *, policy: str = "latency", latency_budget_ms: float | None = None,
                  hysteresis: float = 0.08, min_dwell_s: float = 0.5, emergency: float = 2.0,
-                 explore_every_s: float = 5.0, explore_margin: float = 3.0, alpha: float = 0.3) -> None:
+                 explore_every_s: float = 5.0, explore_margin: float = 3.0, alpha: float = 0.3,
+                 cloud_tau_s: float = 1.5) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if policy == "bytes" and latency_budget_ms is None:
@@ -97,7 +120,8 @@ class Controller:
         self.behind_frames = 10  # the horizon over which a candidate that cannot keep the frame rate is charged
         n = len(cost_model.ids)
         self._edge = [_Median(3) for _ in range(n)]  # measured edge ms per candidate (median of the last 3)
-        self._cloud = [_Ewma(alpha) for _ in range(n)]  # reported cloud compute ms
+        # the cloud's state changes with its other clients: what it reports is averaged over time
+        self._cloud = [_TimedEwma(cloud_tau_s) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
         self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
@@ -109,11 +133,11 @@ class Controller:
         # scheduling, decoding, the loop): (time, ms); the median of the last frames is added
         self._residual: list[deque[tuple[float, float]]] = [deque(maxlen=9) for _ in range(n)]
         self._seen_total = [0] * n
-        self._queue = _Ewma(alpha)
+        self._queue = _TimedEwma(cloud_tau_s)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
         self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
-        self._cloud_scale = _Ewma(alpha)
+        self._cloud_scale = _TimedEwma(cloud_tau_s)
         self.current: int | None = None
         self._since = -math.inf
         self._last_used = [-math.inf] * n
@@ -125,12 +149,14 @@ class Controller:
         if self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
             self._edge_scale.add(ms / self.cm.edge_ms[i])
 
-    def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1) -> None:
+    def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1,
+                      now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         per = compute_ms  # the edge waits for the whole batch: its latency is the batch's compute
-        self._cloud[i].add(per)
-        self._queue.add(queue_ms)
+        self._cloud[i].add(per, now)
+        self._queue.add(queue_ms, now)
         if self.cm.cloud_ms[i] > 0.5:
-            self._cloud_scale.add(per / self.cm.cloud_ms[i])
+            self._cloud_scale.add(per / self.cm.cloud_ms[i], now)
 
     def observe_overhead(self, i: int, ms: float, now: float | None = None) -> None:
         """A remote frame's time beyond its uplink transfer and the cloud's queue and compute: the

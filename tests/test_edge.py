@@ -332,6 +332,23 @@ def test_measured_overhead_is_added_robustly_and_expires(yolo_plan):
     assert c.predict(10.0, 20.0, now=0.4 + c.overhead_window_s)[i] == pytest.approx(base)  # stale: the model again
 
 
+def test_the_clouds_reports_are_averaged_over_time_not_frames(yolo_plan):
+    """A cold start (the cloud's first runs, every client starting at once) reported 250 ms of
+    compute; the candidate then went unused and was measured again, 5 s later, at 30 ms: the
+    estimate follows the new measurement (a count-based average kept 70 % of the cold one and
+    held the device on a candidate 2.5x slower for 15 s). Frames in a burst are still smoothed."""
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    c = Controller(cm)
+    i = cm.ids.index("cloud")
+    for k in range(4):
+        c.observe_cloud(i, 250.0, 100.0, now=0.5 * k)
+    assert c.cloud_ms()[i] == pytest.approx(250.0) and c.queue_ms() == pytest.approx(100.0)
+    c.observe_cloud(i, 30.0, 0.0, now=6.5)
+    assert c.cloud_ms()[i] < 45.0 and c.queue_ms() < 10.0
+    c.observe_cloud(i, 300.0, 0.0, now=6.55)  # one slow frame right after: smoothed, not taken
+    assert c.cloud_ms()[i] < 60.0
+
+
 def test_bytes_policy_picks_the_fewest_bytes_within_budget(yolo_plan):
     cm = CostModel.from_plan(Plan.load(yolo_plan))
     c = Controller(cm, policy="bytes", latency_budget_ms=1e9)
