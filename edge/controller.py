@@ -13,7 +13,9 @@ ratio). On top of it:
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
   candidates, ``cheap_explore``, but not split cuts);
 * the cloud's reports (compute, queue) averaged over time, not over a count of frames, so a
-  candidate re-measured after a pause is judged by the new measurement;
+  candidate re-measured after a pause is judged by the new measurement; a report not refreshed
+  fades back to the profile within seconds (bad news from a cold start does not hold the cloud
+  off until the next exploration);
 * the device's load: the queue ahead of a candidate's device work, and the backlog a candidate
   would build at a frame rate it cannot keep (:meth:`Controller.load_ms`);
 * policies: ``latency`` (lowest predicted latency, the default) and ``bytes`` (fewest uplink
@@ -50,10 +52,11 @@ class _TimedEwma:
     weighs ``1 - exp(-dt / tau_s)`` (at least ``floor``). A candidate measured every frame is
     smoothed over about ``tau_s``; one measured again after a pause (an exploration every few
     seconds) is judged by that new measurement, not by what it did before the pause (a cold
-    start, a burst of load that has passed)."""
+    start, a burst of load that has passed). Unrefreshed, it fades back to the caller's prior:
+    ``hold_s`` after its last sample, with time constant ``fade_s`` (:meth:`at`)."""
 
-    def __init__(self, tau_s: float, floor: float = 0.05) -> None:
-        self.tau_s, self.floor = tau_s, floor
+    def __init__(self, tau_s: float, floor: float = 0.05, hold_s: float = 1.0, fade_s: float = 3.0) -> None:
+        self.tau_s, self.floor, self.hold_s, self.fade_s = tau_s, floor, hold_s, fade_s
         self.value, self._at = math.nan, -math.inf
 
     def add(self, x: float, now: float) -> None:
@@ -63,6 +66,16 @@ class _TimedEwma:
             w = max(1.0 - math.exp(-max(now - self._at, 0.0) / self.tau_s), self.floor)
             self.value += w * (x - self.value)
         self._at = now
+
+    def at(self, now: float, prior: float) -> float:
+        """The estimate at ``now``: ``prior`` until measured; a measurement not refreshed for more
+        than ``hold_s`` fades towards ``prior`` (what the cloud did a while ago says little of now)."""
+        if math.isnan(self.value):
+            return prior
+        idle = now - self._at - self.hold_s
+        if idle <= 0:
+            return self.value
+        return prior + (self.value - prior) * math.exp(-idle / self.fade_s)
 
 
 class _Median:
@@ -205,17 +218,21 @@ class Controller:
         """This device's measured time / the profile's, over any candidate (1 until measured)."""
         return 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
 
-    def cloud_ms(self) -> list[float]:
-        g = 1.0 if math.isnan(self._cloud_scale.value) else self._cloud_scale.value
-        return [c.value if not math.isnan(c.value) else p * g for c, p in zip(self._cloud, self.cm.cloud_ms)]
+    def cloud_ms(self, now: float | None = None) -> list[float]:
+        """Reported cloud compute per candidate, a report fading back to the profile as it ages;
+        until reported, the profile x the cloud's measured scale (over every candidate, fading too)."""
+        now = time.monotonic() if now is None else now
+        g = self._cloud_scale.at(now, 1.0)
+        return [p * g if math.isnan(c.value) else c.at(now, p) for c, p in zip(self._cloud, self.cm.cloud_ms)]
 
     def byte_ratios(self, default: float | Sequence[float] = 1.0) -> list[float]:
         """Measured wire/raw size per candidate; ``default`` (one value or one per candidate) until measured."""
         d = [default] * len(self._ratio) if isinstance(default, (int, float)) else list(default)
         return [r.value if not math.isnan(r.value) else d[i] for i, r in enumerate(self._ratio)]
 
-    def queue_ms(self) -> float:
-        return 0.0 if math.isnan(self._queue.value) else self._queue.value
+    def queue_ms(self, now: float | None = None) -> float:
+        """The cloud's reported queue time; it fades to none as the report ages."""
+        return self._queue.at(time.monotonic() if now is None else now, 0.0)
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                 backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
@@ -232,11 +249,11 @@ class Controller:
         """The predictions, and the model's part of them (before a candidate's measured residual
         and the device's load), which :meth:`observe_total` compares a frame's real time with."""
         results = self.result_bytes()
-        pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms() + backlog_ms, edge_ms=self.edge_ms(),
-                               cloud_ms=self.cloud_ms(), byte_ratio=self.byte_ratios(default_ratio),
+        now = time.monotonic() if now is None else now
+        pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms(now) + backlog_ms, edge_ms=self.edge_ms(),
+                               cloud_ms=self.cloud_ms(now), byte_ratio=self.byte_ratios(default_ratio),
                                downlink_mbps=downlink_mbps, result_bytes=results)
         down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
-        now = time.monotonic() if now is None else now
         for i, over in enumerate(self._overhead):
             recent = [ms for at, ms in over if now - at <= self.overhead_window_s]
             if recent and not self.cm.local[i]:

@@ -53,16 +53,23 @@ def scene_frames(plan: Plan, n: int, seed: int = 0) -> Iterator[dict[str, np.nda
         base[horizon:, max(x - 1, 0):x + 1] = 0.9
     cars = [(rng.uniform(0, w), rng.uniform(horizon, h - h // 8), rng.uniform(1.5, 4) * rng.choice([-1, 1]),
              rng.random(3).astype(np.float32)) for _ in range(6)]
-    # sensor noise (sigma 1 % of full scale), as a small bank of noise fields drawn once
-    noise = rng.normal(0, 0.01 * 255, (_NOISE_BANK, h, w, 3)).astype(np.float32)
-    backgrounds = [_to_pixels(base * 255 + nz) for nz in noise]
+    # sensor noise (sigma 1 % of full scale): a small bank of noise fields, each drawn the first
+    # time a frame needs it (a bank drawn up front stalled a slow device's first frame by seconds)
+    noise: list[np.ndarray] = []
+    backgrounds: list[np.ndarray] = []
     cw, ch = max(w // 10, 2), max(h // 14, 2)
+    base *= 255
     for k in range(n):
         j = k % _NOISE_BANK
+        while len(noise) <= min(j + 1, _NOISE_BANK - 1):
+            nz = rng.standard_normal((h, w, 3), dtype=np.float32)
+            nz *= 0.01 * 255
+            noise.append(nz)
+            backgrounds.append(_to_pixels(base + nz))
         rgb = backgrounds[j].copy()
         for x0, y0, v, color in cars:
             x, y = int((x0 + v * k) % w), int(y0)
-            patch = noise[(j + 1) % _NOISE_BANK, y:y + ch, x:x + cw]
+            patch = noise[(j + 1) % _NOISE_BANK][y:y + ch, x:x + cw]
             rgb[y:y + ch, x:x + cw] = _to_pixels(color * 255 + patch)
         yield {spec.name: _as_input(spec, rgb)}
 

@@ -342,11 +342,29 @@ def test_the_clouds_reports_are_averaged_over_time_not_frames(yolo_plan):
     i = cm.ids.index("cloud")
     for k in range(4):
         c.observe_cloud(i, 250.0, 100.0, now=0.5 * k)
-    assert c.cloud_ms()[i] == pytest.approx(250.0) and c.queue_ms() == pytest.approx(100.0)
+    assert c.cloud_ms(now=1.5)[i] == pytest.approx(250.0) and c.queue_ms(now=1.5) == pytest.approx(100.0)
     c.observe_cloud(i, 30.0, 0.0, now=6.5)
-    assert c.cloud_ms()[i] < 45.0 and c.queue_ms() < 10.0
+    assert c.cloud_ms(now=6.5)[i] < 45.0 and c.queue_ms(now=6.5) < 10.0
     c.observe_cloud(i, 300.0, 0.0, now=6.55)  # one slow frame right after: smoothed, not taken
-    assert c.cloud_ms()[i] < 60.0
+    assert c.cloud_ms(now=6.6)[i] < 60.0
+
+
+def test_an_unrefreshed_cloud_report_fades_back_to_the_profile(yolo_plan):
+    """The cloud's first frames (cold, every client starting at once) reported 250 ms compute
+    and 100 ms queue; the agent left the cloud for the device, so nothing refreshes them: they
+    fade back to the profile within seconds, and the cloud is chosen again before the next
+    exploration (it had stayed off for a whole exploration interval)."""
+    plan = Plan.load(yolo_plan)
+    cm = CostModel.from_plan(plan)
+    c = Controller(cm)
+    i = cm.ids.index("cloud")
+    prior = c.cloud_ms(now=0.0)[i]
+    c.observe_cloud(i, 250.0, 100.0, now=0.0)
+    assert c.cloud_ms(now=0.5)[i] == pytest.approx(250.0)  # fresh: as reported
+    assert c.queue_ms(now=0.5) == pytest.approx(100.0)
+    late = c.cloud_ms(now=0.0 + c.explore_every_s)[i]
+    assert late < prior + 0.3 * (250.0 - prior) and c.queue_ms(now=c.explore_every_s) < 30.0
+    assert c.cloud_ms(now=60.0)[i] == pytest.approx(prior, rel=1e-3)
 
 
 def test_bytes_policy_picks_the_fewest_bytes_within_budget(yolo_plan):
