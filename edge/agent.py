@@ -19,14 +19,12 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import PlanError, RefusedError, SourceError, SplitinferError
+from ..errors import PlanError, RefusedError, SplitinferError
 from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
@@ -37,6 +35,7 @@ from .breaker import CircuitBreaker
 from .controller import Controller, DeviceLoad
 from .device import Device
 from .link import CloudLink
+from .pipeline import pipeline
 from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
 
@@ -459,71 +458,10 @@ class EdgeAgent:
                      *, fps: float | None = None) -> AsyncIterator[FrameResult]:
         """Results for ``frames`` in order; frame n+1 runs its edge segment while frame n is on the
         wire, at most ``max_inflight`` frames at a time (backpressure). With ``fps`` the source is
-        paced like a camera and a frame's latency counts from its scheduled capture."""
-        pending: deque[asyncio.Task[FrameResult]] = deque()
-        sem = asyncio.Semaphore(self.max_inflight)
-        done = asyncio.Event()
-        start, start_pc = time.monotonic(), time.perf_counter()
+        paced like a camera and a frame's latency counts from its scheduled capture
+        (:func:`splitinfer.edge.pipeline.pipeline`)."""
+        def process(frame: Mapping[str, np.ndarray], captured: float) -> Awaitable[FrameResult]:
+            return self._process(next(self._frames), frame, captured)  # numbered as it is taken
 
-        failed: list[BaseException] = []
-
-        async def produce() -> None:
-            k = 0
-            try:
-                async for frame in _aiter(frames):
-                    if fps:
-                        delay = start + k / fps - time.monotonic()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
-                    # a paced source is a camera: its frame was captured on schedule, and the time it
-                    # waited for a free slot (a device that cannot keep the rate) is latency too
-                    captured = time.perf_counter() if not fps else min(start_pc + k / fps, time.perf_counter())
-                    await sem.acquire()
-                    task = asyncio.ensure_future(self._process(next(self._frames), frame, captured))
-                    task.add_done_callback(lambda _: sem.release())
-                    pending.append(task)
-                    k += 1
-                    ready.set()
-            except Exception as exc:  # the source failed: frames taken get their results, then the error
-                failed.append(exc)
-            finally:
-                done.set()
-                ready.set()
-
-        ready = asyncio.Event()
-        producer = asyncio.ensure_future(produce())
-        try:
-            while True:
-                while not pending and not done.is_set():
-                    ready.clear()
-                    await ready.wait()
-                if not pending:
-                    break
-                yield await pending.popleft()
-            await producer
-            if failed:
-                exc = failed[0]
-                if isinstance(exc, SplitinferError):
-                    raise exc
-                raise SourceError(f"the frame source failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            producer.cancel()
-            for t in pending:
-                t.cancel()
-
-
-async def _aiter(frames: Any) -> AsyncIterator[Any]:
-    """The frames of an async or a plain iterable. A plain one (a decoder, a renderer) is pulled on
-    its own thread, one frame at a time: making a frame never stalls the frames in flight."""
-    if hasattr(frames, "__aiter__"):
-        async for f in frames:
-            yield f
-        return
-    it, end = iter(frames), object()
-    loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(1, thread_name_prefix="splitinfer-source")
-    try:
-        while (f := await loop.run_in_executor(pool, next, it, end)) is not end:
-            yield f
-    finally:  # a source stuck in its next frame must not hold the loop up
-        pool.shutdown(wait=False)
+        async for r in pipeline(process, frames, max_inflight=self.max_inflight, fps=fps):
+            yield r

@@ -1,0 +1,91 @@
+"""The frame pipeline: a source paced like a camera, at most ``max_inflight`` frames at once
+(backpressure), results in order, a plain source pulled on its own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ..errors import SourceError, SplitinferError
+
+__all__ = ["pipeline"]
+
+F = TypeVar("F")
+R = TypeVar("R")
+
+
+async def pipeline(process: Callable[[F, float], Awaitable[R]], frames: Iterable[F] | AsyncIterable[F], *,
+                   max_inflight: int, fps: float | None = None) -> AsyncIterator[R]:
+    """``process(frame, captured)`` for every frame, results in order; frame n+1 starts while
+    frame n is still in flight, at most ``max_inflight`` at a time. With ``fps`` the source is
+    paced like a camera and ``captured`` is a frame's scheduled capture (``time.perf_counter``),
+    so the time it waited for a free slot (a device that cannot keep the rate) is latency too.
+    A source that fails ends the results with a ``SourceError`` after the frames already taken."""
+    pending: deque[asyncio.Task[R]] = deque()
+    sem = asyncio.Semaphore(max_inflight)
+    done = asyncio.Event()
+    ready = asyncio.Event()
+    start, start_pc = time.monotonic(), time.perf_counter()
+    failed: list[BaseException] = []
+
+    async def produce() -> None:
+        k = 0
+        try:
+            async for frame in _aiter(frames):
+                if fps:
+                    delay = start + k / fps - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                captured = time.perf_counter() if not fps else min(start_pc + k / fps, time.perf_counter())
+                await sem.acquire()
+                task = asyncio.ensure_future(process(frame, captured))
+                task.add_done_callback(lambda _: sem.release())
+                pending.append(task)
+                k += 1
+                ready.set()
+        except Exception as exc:  # the source failed: frames taken get their results, then the error
+            failed.append(exc)
+        finally:
+            done.set()
+            ready.set()
+
+    producer = asyncio.ensure_future(produce())
+    try:
+        while True:
+            while not pending and not done.is_set():
+                ready.clear()
+                await ready.wait()
+            if not pending:
+                break
+            yield await pending.popleft()
+        await producer
+        if failed:
+            exc = failed[0]
+            if isinstance(exc, SplitinferError):
+                raise exc
+            raise SourceError(f"the frame source failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        producer.cancel()
+        for t in pending:
+            t.cancel()
+
+
+async def _aiter(frames: Any) -> AsyncIterator[Any]:
+    """The frames of an async or a plain iterable. A plain one (a decoder, a renderer) is pulled on
+    its own thread, one frame at a time: making a frame never stalls the frames in flight."""
+    if hasattr(frames, "__aiter__"):
+        async for f in frames:
+            yield f
+        return
+    it, end = iter(frames), object()
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="splitinfer-source")
+    try:
+        while (f := await loop.run_in_executor(pool, next, it, end)) is not end:
+            yield f
+    finally:  # a source stuck in its next frame must not hold the loop up
+        pool.shutdown(wait=False)
