@@ -22,7 +22,12 @@ for best-static/oracle); no window below 0.97x its best static; adaptive/oracle 
 
     python benchmarks/edge_traces.py [--devices slow,fast] [--fixed-seconds 30] [--repeats 3] [--windows 3]
         [--window-seconds 120] [--window-devices slow] [--traces 10] [--parallel 5] [--warmup-s 5]
-        [--only REGEX] [--resume] [--from-records]
+        [--only REGEX] [--resume] [--from-records] [--strategies adaptive,cloud --name NAME]
+        [--full-records DIR]
+
+``--strategies`` runs a subset under its own ``--name`` (results beside the headline figures, never
+over them); ``--full-records DIR`` keeps every frame's whole record (each candidate's prediction,
+the bandwidth estimate, the device's queue), which the trimmed records leave out, for diagnosis.
 
 The first ``--warmup-s`` seconds of every strategy (a process's cold start) are left out of all
 figures alike.
@@ -59,7 +64,8 @@ from _common import RESULTS, pyplot, save, table  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 CGROUPS = Path("/sys/fs/cgroup/cpu")
-RECORDS = RESULTS / "edge_traces_records"
+NAME = "edge_traces"  # --name: a diagnostic run writes beside the headline results, never over them
+RECORDS = RESULTS / f"{NAME}_records"
 DEVICES = {"slow": (0.17, 2.0), "fast": (0.55, 8.0)}  # CPU quota of one core, frames per second
 FAST_PARALLEL = 2
 DELAY_MS = 15.0  # one-way delay each way on emulated links
@@ -184,7 +190,7 @@ def trim(r: dict) -> dict:
 
 
 async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
-                     parallel: int, tmp: Path) -> dict[str, list[dict]]:
+                     parallel: int, tmp: Path, full: Path | None = None, key: str = "") -> dict[str, list[dict]]:
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
 
@@ -193,7 +199,10 @@ async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: st
             slot = slots.pop()
             try:
                 out = tmp / f"{device}.{s}.jsonl"
-                return s, [trim(r) for r in await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out)]
+                recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out)
+                if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
+                    (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())
+                return s, [trim(r) for r in recs]
             finally:
                 slots.append(slot)
 
@@ -297,19 +306,20 @@ def plot(results: dict) -> None:
         ax.set_title(f"device {device}: {DEVICES[device][1]:g} fps, quota {DEVICES[device][0]:g} core")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "edge_traces.png")
+    fig.savefig(RESULTS / f"{NAME}.png")
     plt.close(fig)
 
 
 def finish(results: dict) -> None:
     results["goals"] = aggregate(results)
     print(json.dumps(results["goals"], indent=2))
-    save("edge_traces", results)
+    save(NAME, results)
     plot(results)
 
 
 # ---------------------------------------------------------------- main
 def main() -> None:
+    global NAME, RECORDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", default="slow,fast")
     ap.add_argument("--fixed-seconds", type=float, default=30.0)
@@ -325,7 +335,17 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="regimes whose name matches this regex")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in edge_traces.json")
     ap.add_argument("--from-records", action="store_true", help="run nothing: recompute from the kept records")
+    ap.add_argument("--strategies", default=None, help="comma-separated subset (default: adaptive and every candidate)")
+    ap.add_argument("--full-records", type=Path, default=None,
+                    help="also write every frame's whole record (predictions, conditions) here")
+    ap.add_argument("--name", default=NAME, help="results under this name (JSON, plot, records): a subset or a "
+                    "diagnostic run goes beside the headline figures, not over them")
     args = ap.parse_args()
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", args.name):
+        sys.exit(f"--name: letters, digits, _ and - only, got {args.name!r}")
+    if args.strategies and args.name == "edge_traces":
+        sys.exit("--strategies runs a subset: give it its own --name (the headline figures need every strategy)")
+    NAME, RECORDS = args.name, RESULTS / f"{args.name}_records"
     import fcntl
 
     RESULTS.mkdir(exist_ok=True)
@@ -334,7 +354,7 @@ def main() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         sys.exit("another edge_traces.py is running (it holds benchmarks/results/.edge_traces.lock)")
-    path = RESULTS / "edge_traces.json"
+    path = RESULTS / f"{NAME}.json"
     results: dict = {"args": vars(args), "runs": {}}
     if (args.resume or args.from_records) and path.is_file():
         old = json.loads(path.read_text())
@@ -370,6 +390,13 @@ def main() -> None:
         from splitinfer.splitter import Plan
 
         strategies = ["adaptive", *(c.id for c in Plan.load(plan_dir).candidates)]
+        if args.strategies:
+            unknown = set(args.strategies.split(",")) - set(strategies)
+            if unknown:
+                sys.exit(f"--strategies: unknown {sorted(unknown)}; the strategies are {strategies}")
+            strategies = [s for s in strategies if s in args.strategies.split(",")]
+        if args.full_records is not None:
+            args.full_records.mkdir(parents=True, exist_ok=True)
         # the cloud at full speed: ahead of the edges and the link emulators in the CPU's queue (as
         # root), else its compute times carry this machine's contention (27-100 ms for one frame)
         cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
@@ -390,7 +417,8 @@ def main() -> None:
                 # the fast device's strategies need ~0.55 core each and the cloud ~0.3 core per 8-fps
                 # stream: on a 2-core machine more than two side by side starve each other and the cloud
                 par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
-                recs = asyncio.run(run_regime(plan_dir, port, regime, device, strategies, par, Path(tmp)))
+                recs = asyncio.run(run_regime(plan_dir, port, regime, device, strategies, par, Path(tmp),
+                                              args.full_records, key))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
                     with gzip.open(RECORDS / f"{_safe(key)}.{s}.jsonl.gz", "wt") as f:

@@ -446,8 +446,10 @@ class EdgeAgent:
             return FrameResult(index, outputs, self.plan.candidates[whole].id, "edge", None, sent, timings,
                                predicted_ms=preds[whole], explore=True, conditions=conditions)
         if reason is None:
-            if not race:  # what the model missed for this candidate (a raced frame shares the device)
-                self.controller.observe_total(i, (time.perf_counter() - started) * 1e3 - device_wait_ms, model[i])
+            # what the model missed for this candidate; a raced frame shared the device with the
+            # whole model's run (a little slower for it), but it is how a candidate held off by
+            # stale evidence is measured again
+            self.controller.observe_total(i, (time.perf_counter() - started) * 1e3 - device_wait_ms, model[i])
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,

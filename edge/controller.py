@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -81,15 +81,68 @@ class _TimedEwma:
 class _Median:
     """The median of the last ``n`` samples: one frame that met a busy machine does not move it."""
 
-    def __init__(self, n: int = 5) -> None:
+    def __init__(self, n: int = 5, gap_s: float = math.inf) -> None:
         self._xs: deque[float] = deque(maxlen=n)
+        self.gap_s = gap_s  # a sample after a pause this long starts over (see _Recent)
+        self.at = -math.inf  # when the last sample came
 
-    def add(self, x: float) -> None:
+    def add(self, x: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now - self.at >= self.gap_s:
+            self._xs.clear()
         self._xs.append(x)
+        self.at = now
 
     @property
     def value(self) -> float:
         return float(np.median(self._xs)) if self._xs else math.nan
+
+
+class _Recent:
+    """A candidate's recent samples of one kind (its overhead, its residual) as ``(time, ms)``.
+
+    Evidence belongs to the run of frames that made it: a candidate measured again after a pause
+    of ``gap_s`` or more (an exploration, a race, a return to it) starts a new run and the old
+    samples are dropped — what it did before the pause (a cold start, a stalled device) says
+    little of now, and one fresh frame is then enough. Within a run, at least ``min_n`` samples
+    make a value, so one odd frame does not. Samples expire ``window_s`` after they were taken.
+    :meth:`value` with ``fade`` weighs a candidate's first run, not refreshed for ``hold_s``, less
+    and less (time constant ``fade_s``): the exploration's view, so bad news from the start (cold
+    code paths, a stream and its peers starting at once) never rules a candidate out of being
+    measured again. A re-measurement is trusted until it expires: a candidate the model flatters
+    is not re-tried every few seconds."""
+
+    def __init__(self, stat: Callable[[list[float]], float], *, window_s: float = 10.0, gap_s: float = 2.5,
+                 min_n: int = 2, hold_s: float = 1.0, fade_s: float = 3.0) -> None:
+        self.stat, self.window_s, self.gap_s, self.min_n = stat, window_s, gap_s, min_n
+        self.hold_s, self.fade_s = hold_s, fade_s
+        self._xs: deque[tuple[float, float]] = deque(maxlen=9)
+        self._fresh = False  # the current run restarted after a pause: one sample is enough
+
+    def add(self, ms: float, now: float) -> None:
+        if self._xs and now - self._xs[-1][0] >= self.gap_s:
+            self._xs.clear()
+            self._fresh = True
+        self._xs.append((now, ms))
+
+    def value(self, now: float, fade: bool = False) -> float | None:
+        """The statistic over the current run's unexpired samples (None: not enough of them)."""
+        recent = [ms for at, ms in self._xs if now - at <= self.window_s]
+        if not recent or len(recent) < (1 if self._fresh else self.min_n):
+            return None
+        v = self.stat(recent)
+        idle = now - self._xs[-1][0] - self.hold_s
+        if fade and idle > 0 and not self._fresh:
+            v *= math.exp(-idle / self.fade_s)
+        return v
+
+
+def _lower_quartile(xs: list[float]) -> float:
+    return float(np.percentile(xs, 25))
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
 
 
 @dataclass(frozen=True)
@@ -132,24 +185,33 @@ class Controller:
         self.cheap_explore: set[int] = set()  # candidates the caller explores without risking the frame
         self.behind_frames = 10  # the horizon over which a candidate that cannot keep the frame rate is charged
         n = len(cost_model.ids)
-        self._edge = [_Median(3) for _ in range(n)]  # measured edge ms per candidate (median of the last 3)
+        # measured edge ms per candidate: the median of the last 3 (a time after a pause starts over)
+        self._edge = [_Median(3, gap_s=explore_every_s / 2) for _ in range(n)]
+        # evidence not refreshed for stale_hold_s fades (time constant stale_fade_s) in exploration's view
+        self.stale_hold_s, self.stale_fade_s = 1.0, 3.0
         # the cloud's state changes with its other clients: what it reports is averaged over time
         self._cloud = [_TimedEwma(cloud_tau_s) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [_Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
         self._encode = [_Ewma(alpha) for _ in range(n)]  # encoding the cut on the device (ms)
         self._result = [_Ewma(alpha) for _ in range(n)]  # result frame bytes coming back
-        self._overhead: list[deque[tuple[float, float]]] = [deque(maxlen=9) for _ in range(n)]  # (time, ms)
-        self.overhead_window_s = 10.0
+        # evidence of a run of frames: a re-measurement after a pause (half the exploration interval)
+        # starts a new run (see _Recent)
+        gap_s = explore_every_s / 2
+        self.overhead_window_s = 10.0  # evidence older than this is not used at all
+        fading = dict(window_s=self.overhead_window_s, gap_s=gap_s, hold_s=self.stale_hold_s,
+                      fade_s=self.stale_fade_s)
+        self._overhead = [_Recent(_lower_quartile, **fading) for _ in range(n)]  # beyond the base RTT
         self.cold_frames = 2  # per candidate, not counted in its overhead
         self._seen = [0] * n
         # per remote candidate, what its frames really took beyond the model's prediction (a device's
-        # scheduling, decoding, the loop): (time, ms); the median of the last frames is added
-        self._residual: list[deque[tuple[float, float]]] = [deque(maxlen=9) for _ in range(n)]
+        # scheduling, decoding, the loop); the median of the run's last frames is added
+        self._residual = [_Recent(_median, **fading) for _ in range(n)]
         self._seen_total = [0] * n
         self._queue = _TimedEwma(cloud_tau_s)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
         self._edge_scale = _Ewma(alpha)  # measured / profiled edge time, any candidate
+        self._edge_scale_at = -math.inf
         self._cloud_scale = _TimedEwma(cloud_tau_s)
         self.current: int | None = None
         self._since = -math.inf
@@ -157,10 +219,11 @@ class Controller:
         self._last_explore: float | None = None
 
     # ------------------------------------------------------------------ observations
-    def observe_edge(self, i: int, ms: float) -> None:
-        self._edge[i].add(ms)
+    def observe_edge(self, i: int, ms: float, now: float | None = None) -> None:
+        self._edge[i].add(ms, now)
         if self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
             self._edge_scale.add(ms / self.cm.edge_ms[i])
+            self._edge_scale_at = self._edge[i].at
 
     def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1,
                       now: float | None = None) -> None:
@@ -181,7 +244,7 @@ class Controller:
         self._seen[i] += 1
         if self._seen[i] <= self.cold_frames:  # a candidate's first frames pay for cold code paths
             return
-        self._overhead[i].append((time.monotonic() if now is None else now, ms))
+        self._overhead[i].add(ms, time.monotonic() if now is None else now)
 
     def observe_total(self, i: int, measured_ms: float, base_ms: float, now: float | None = None) -> None:
         """A remote frame's own time on this side (from its start to its result, less any wait for
@@ -191,7 +254,7 @@ class Controller:
         self._seen_total[i] += 1
         if self._seen_total[i] <= self.cold_frames or not math.isfinite(measured_ms - base_ms):
             return
-        self._residual[i].append((time.monotonic() if now is None else now, measured_ms - base_ms))
+        self._residual[i].add(measured_ms - base_ms, time.monotonic() if now is None else now)
 
     def observe_result(self, i: int, nbytes: int) -> None:
         self._result[i].add(nbytes)
@@ -208,11 +271,29 @@ class Controller:
             self._ratio[i].add(wire_bytes / self.cm.up_bytes[i])
 
     # ------------------------------------------------------------------ estimates
-    def edge_ms(self) -> list[float]:
-        """Device time per candidate: its edge segment, plus encoding its cut (once measured)."""
+    def edge_ms(self, now: float | None = None, fade: bool = False) -> list[float]:
+        """Device time per candidate: its edge segment, plus encoding its cut (once measured).
+        ``fade``: a segment's measurement not refreshed for a while fades towards the profile x the
+        device's measured scale (the exploration's view: a run timed while the device was stalled,
+        at start-up, must not keep that candidate from ever being timed again)."""
+        now = time.monotonic() if now is None else now
         g = 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
-        out = [e.value if not math.isnan(e.value) else p * g for e, p in zip(self._edge, self.cm.edge_ms)]
+        if fade:  # the scale itself fades to the profile's when no segment has run for a while
+            g = 1.0 + (g - 1.0) * self._faded(self._edge_scale_at, now)
+        out = []
+        for e, p in zip(self._edge, self.cm.edge_ms):
+            prior, v = p * g, e.value
+            if math.isnan(v):
+                v = prior
+            elif fade:
+                v = prior + (v - prior) * self._faded(e.at, now)
+            out.append(v)
         return [t + (0.0 if math.isnan(enc.value) else enc.value) for t, enc in zip(out, self._encode)]
+
+    def _faded(self, at: float, now: float) -> float:
+        """The weight left to evidence from ``at``: 1 for ``stale_hold_s``, then decaying."""
+        idle = now - at - self.stale_hold_s
+        return 1.0 if idle <= 0 else math.exp(-idle / self.stale_fade_s)
 
     def device_scale(self) -> float:
         """This device's measured time / the profile's, over any candidate (1 until measured)."""
@@ -236,38 +317,43 @@ class Controller:
 
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                 backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
-                load: DeviceLoad | None = None) -> list[float]:
+                load: DeviceLoad | None = None, fade: bool = False) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
         ``downlink_mbps``: charge the results coming back at this rate (None: results are free);
         ``load``: the device's queue and the frame rate (see :meth:`load_ms`)."""
         return self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                                  downlink_mbps=downlink_mbps, now=now, load=load)[0]
+                                  downlink_mbps=downlink_mbps, now=now, load=load, fade=fade)[0]
 
     def predict_parts(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                       backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
-                      load: DeviceLoad | None = None) -> tuple[list[float], list[float]]:
+                      load: DeviceLoad | None = None, fade: bool = False) -> tuple[list[float], list[float]]:
         """The predictions, and the model's part of them (before a candidate's measured residual
-        and the device's load), which :meth:`observe_total` compares a frame's real time with."""
+        and the device's load), which :meth:`observe_total` compares a frame's real time with.
+        ``fade``: evidence not refreshed lately (device times, overheads, residuals) weighs less and
+        less — the view exploration takes (:meth:`choose`); the standing choice trusts it until
+        the candidate is measured again."""
         results = self.result_bytes()
         now = time.monotonic() if now is None else now
-        pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms(now) + backlog_ms, edge_ms=self.edge_ms(),
-                               cloud_ms=self.cloud_ms(now), byte_ratio=self.byte_ratios(default_ratio),
-                               downlink_mbps=downlink_mbps, result_bytes=results)
+        pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms(now) + backlog_ms,
+                               edge_ms=self.edge_ms(now, fade), cloud_ms=self.cloud_ms(now),
+                               byte_ratio=self.byte_ratios(default_ratio), downlink_mbps=downlink_mbps,
+                               result_bytes=results)
         down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
         for i, over in enumerate(self._overhead):
-            recent = [ms for at, ms in over if now - at <= self.overhead_window_s]
-            if recent and not self.cm.local[i]:
-                # the first frames of a connection can be slow (cold): the lower quartile, and not
-                # from one sample alone, so they do not hold a good candidate back
-                if len(recent) >= 2:
-                    typical = float(np.percentile(recent, 25))
-                    pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
+            # the first frames of a connection can be slow (cold): the lower quartile of a run's
+            # frames, so they do not hold a good candidate back
+            typical = over.value(now, fade)
+            if typical is not None and not self.cm.local[i]:
+                pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
         base = list(pred)
         for i, res in enumerate(self._residual):
-            recent = [ms for at, ms in res if now - at <= self.overhead_window_s]
-            if len(recent) >= 2 and not self.cm.local[i]:
-                pred[i] = max(pred[i] + float(np.median(recent)), 0.5 * pred[i])
+            r = res.value(now, fade)
+            if r is not None and not self.cm.local[i]:
+                pred[i] = max(pred[i] + r, 0.5 * pred[i])
         if load is not None:
+            if fade:  # the device's work by the same faded times
+                fe = self.edge_ms(now, True)
+                load = replace(load, device_ms=[fe[i] if d > 0 else 0.0 for i, d in enumerate(load.device_ms)])
             pred = [p + w for p, w in zip(pred, self.load_ms(pred, load))]
         return pred, base
 
@@ -304,7 +390,11 @@ class Controller:
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")
-        choice = self._standing(pred, now, idx, default_ratio)
+        # what exploration goes by: stale evidence fades, so a candidate judged in a bad moment (a
+        # cold start, a stalled device) is measured again instead of being ruled out until it expires
+        faded = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
+                             downlink_mbps=downlink_mbps, now=now, load=load, fade=True)
+        choice = self._standing(pred, now, idx, default_ratio, faded)
         detour = self.policy == "latency" and transient_ms > 0 and choice.index == self.current
         if detour and not self.cm.local[choice.index]:
             fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio,
@@ -316,9 +406,11 @@ class Controller:
                 return Choice(best, self.cm.ids[best], fpred[best], tuple(fpred), False, best, tuple(fbase))
         return replace(choice, base=tuple(base))
 
-    def _standing(self, pred: list[float], now: float, idx: list[int],
-                  default_ratio: float | Sequence[float]) -> Choice:
-        """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration."""
+    def _standing(self, pred: list[float], now: float, idx: list[int], default_ratio: float | Sequence[float],
+                  faded: Sequence[float] | None = None) -> Choice:
+        """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration
+        (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded)."""
+        faded = pred if faded is None else faded
         if self.policy == "bytes":
             within = [i for i in idx if pred[i] <= self.budget]  # type: ignore[operator]
             raw = [self.cm.up_bytes[i] * (self.byte_ratios(default_ratio)[i]) for i in range(len(pred))]
@@ -339,8 +431,8 @@ class Controller:
             self._last_explore = now
         if now - self._last_explore >= self.explore_every_s:
             stale = [i for i in idx if i != choice
-                     and pred[i] <= pred[choice] * (self.explore_margin if i in self.cheap_explore
-                                                    else self.explore_margin_costly)
+                     and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if i in self.cheap_explore
+                                                                   else self.explore_margin_costly)
                      and now - self._last_used[i] >= self.explore_every_s]
             if stale:
                 choice = min(stale, key=lambda i: self._last_used[i])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ pytest.importorskip("aiohttp")
 
 from splitinfer.cloud import CloudService  # noqa: E402
 from splitinfer.edge import CircuitBreaker, Controller, EdgeAgent, SyncEdgeAgent  # noqa: E402
+from splitinfer.edge.controller import DeviceLoad  # noqa: E402
 from splitinfer.splitter import CostModel, Plan  # noqa: E402
 from splitinfer.splitter.profiler import make_session, random_feeds  # noqa: E402
 from splitinfer.transport import LinkEmulator  # noqa: E402
@@ -365,6 +367,57 @@ def test_an_unrefreshed_cloud_report_fades_back_to_the_profile(yolo_plan):
     late = c.cloud_ms(now=0.0 + c.explore_every_s)[i]
     assert late < prior + 0.3 * (250.0 - prior) and c.queue_ms(now=c.explore_every_s) < 30.0
     assert c.cloud_ms(now=60.0)[i] == pytest.approx(prior, rel=1e-3)
+
+
+def test_start_up_evidence_does_not_keep_a_candidate_off_until_it_expires(yolo_plan):
+    """Measured (session 19, 100 Mbit/s, a 0.17-core device): the cloud's first frames, every
+    process starting at once, took 1-2 s; their residuals put the cloud at 1.8 s for 11 s while a
+    split cut 1.6x slower than the cloud ran (frames 5-26). Now stale evidence fades in what
+    exploration goes by, so the cloud is raced again within seconds; the race re-measures it, and
+    a re-measurement after a pause replaces the old run's evidence instead of averaging with it."""
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    cloud, split = cm.ids.index("cloud"), next(k for k, c in enumerate(cm.ids) if c[0] == "c" and c[1:].isdigit())
+    c = Controller(cm, explore_every_s=5.0)
+    c.cheap_explore = {cloud, cm.ids.index("edge")}
+    bw, rtt = 1000.0, 5.0
+    model = c.predict(bw, rtt, now=0.0)
+    stall = 10 * model[split]  # the start-up frames' time beyond the model (as 1.1-1.5 s were)
+    for k in range(c.cold_frames + 3):
+        c.observe_total(cloud, model[cloud] + stall, model[cloud], now=0.5 * k)
+    c.current, c._since, c._last_explore = split, 2.0, 0.0
+    for k in range(4):  # the split cut, measured as predicted
+        c.observe_total(split, model[split], model[split], now=2.0 + 0.5 * k)
+    held = c.predict(bw, rtt, now=3.5)
+    assert held[cloud] > 3 * held[split]  # too far behind to be worth exploring as measured
+    allowed = [cloud, split]
+    later = c.choose(bw, rtt, now=8.0, allowed=allowed)
+    assert later.explore and later.index == cloud  # stale: faded in exploration's view, raced again
+    assert c.predict(bw, rtt, now=8.0)[cloud] == pytest.approx(held[cloud])  # the standing view keeps it
+    c.observe_total(cloud, model[cloud] + 1.0, model[cloud], now=8.2)  # the race measures it
+    assert c.predict(bw, rtt, now=8.3)[cloud] == pytest.approx(model[cloud] + 1.0)  # replaced, not averaged
+    # a re-measurement is trusted as it is until it expires (a flattered candidate is not re-tried
+    # every few seconds); the first run's evidence was the one that faded
+    c.observe_total(split, model[split] + stall, model[split], now=9.0)
+    c.observe_total(split, model[split] + stall, model[split], now=9.5)
+    assert c.predict(bw, rtt, now=16.0, fade=True)[split] == pytest.approx(c.predict(bw, rtt, now=16.0)[split])
+
+
+def test_a_device_time_measured_in_a_bad_moment_is_timed_again(yolo_plan):
+    """The whole model timed at start-up, while five processes and the cloud loaded at once,
+    took 807 ms on a device that needs ~300; as measured it can never keep 2 fps, so nothing would
+    ever time it again. In exploration's view an unrefreshed device time fades to the profile x
+    the device's measured scale, and the all-edge candidate is raced again."""
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    edge = cm.ids.index("edge")
+    c = Controller(cm, explore_every_s=5.0)
+    prior = cm.edge_ms[edge]
+    c.observe_edge(edge, 20 * prior, now=0.0)
+    assert c.edge_ms(now=0.5, fade=True)[edge] == pytest.approx(20 * prior)  # fresh: as measured
+    assert c.edge_ms(now=8.0)[edge] == pytest.approx(20 * prior)  # the standing view keeps it
+    assert c.edge_ms(now=30.0, fade=True)[edge] < 1.1 * 20 * prior * math.exp(-9) + c.device_scale() * prior
+    load = DeviceLoad(0.0, [0.0 if k != edge else 20 * prior for k in range(len(cm.ids))], interval_ms=15 * prior)
+    as_measured = c.predict(1.0, 5.0, now=30.0, load=load)[edge]
+    assert c.predict(1.0, 5.0, now=30.0, load=load, fade=True)[edge] < as_measured / 5  # keeps the rate again
 
 
 def test_bytes_policy_picks_the_fewest_bytes_within_budget(yolo_plan):
