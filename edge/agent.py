@@ -447,9 +447,10 @@ class EdgeAgent:
                                predicted_ms=preds[whole], explore=True, conditions=conditions)
         if reason is None:
             # what the model missed for this candidate; a raced frame shared the device with the
-            # whole model's run (a little slower for it), but it is how a candidate held off by
-            # stale evidence is measured again
-            self.controller.observe_total(i, (time.perf_counter() - started) * 1e3 - device_wait_ms, model[i])
+            # whole model's run: an upper bound, which is how a candidate held off by stale
+            # evidence is measured again
+            self.controller.observe_total(i, (time.perf_counter() - started) * 1e3 - device_wait_ms, model[i],
+                                          raced=race)
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,

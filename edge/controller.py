@@ -16,6 +16,10 @@ ratio). On top of it:
   candidate re-measured after a pause is judged by the new measurement; a report not refreshed
   fades back to the profile within seconds (bad news from a cold start does not hold the cloud
   off until the next exploration);
+* evidence of runs: a candidate measured again after a pause starts a new run (one fresh frame
+  replaces what it did before); exploration judges candidates with stale evidence faded (a
+  candidate's first run, device times), so one judged at start-up is measured again within
+  seconds, while the standing choice trusts evidence until the candidate is measured again;
 * the device's load: the queue ahead of a candidate's device work, and the backlog a candidate
   would build at a frame rate it cannot keep (:meth:`Controller.load_ms`);
 * policies: ``latency`` (lowest predicted latency, the default) and ``bytes`` (fewest uplink
@@ -119,8 +123,17 @@ class _Recent:
         self._xs: deque[tuple[float, float]] = deque(maxlen=9)
         self._fresh = False  # the current run restarted after a pause: one sample is enough
 
-    def add(self, ms: float, now: float) -> None:
-        if self._xs and now - self._xs[-1][0] >= self.gap_s:
+    def add(self, ms: float, now: float, upper_bound: bool = False) -> None:
+        """One sample. ``upper_bound``: the frame shared the device with other work (a race), so
+        the candidate alone takes at most this long: it replaces evidence that says more, and is
+        ignored otherwise (taken as it is, one slowed race would hold a candidate off)."""
+        if upper_bound:
+            v = self.value(now)
+            if v is None or ms >= v:
+                return
+            self._xs.clear()
+            self._fresh = True
+        elif self._xs and now - self._xs[-1][0] >= self.gap_s:
             self._xs.clear()
             self._fresh = True
         self._xs.append((now, ms))
@@ -234,27 +247,30 @@ class Controller:
         if self.cm.cloud_ms[i] > 0.5:
             self._cloud_scale.add(per / self.cm.cloud_ms[i], now)
 
-    def observe_overhead(self, i: int, ms: float, now: float | None = None) -> None:
+    def observe_overhead(self, i: int, ms: float, now: float | None = None, raced: bool = False) -> None:
         """A remote frame's time beyond its uplink transfer and the cloud's queue and compute: the
         RTT, the result's way back, decoding at both ends, a busy device's scheduling. The model
         charges the base RTT and the result bytes for it; what a candidate really costs on top
         (the lower quartile of its last frames, robust to a frame that waited behind another) is
         added. A candidate's first ``cold_frames`` frames are not counted: on a small device they
-        pay for code paths running for the first time."""
+        pay for code paths running for the first time. A ``raced`` frame shared the device with
+        the whole model's run: an upper bound (see ``_Recent.add``)."""
         self._seen[i] += 1
         if self._seen[i] <= self.cold_frames:  # a candidate's first frames pay for cold code paths
             return
-        self._overhead[i].add(ms, time.monotonic() if now is None else now)
+        self._overhead[i].add(ms, time.monotonic() if now is None else now, upper_bound=raced)
 
-    def observe_total(self, i: int, measured_ms: float, base_ms: float, now: float | None = None) -> None:
+    def observe_total(self, i: int, measured_ms: float, base_ms: float, now: float | None = None,
+                      raced: bool = False) -> None:
         """A remote frame's own time on this side (from its start to its result, less any wait for
         the device) against what the model predicted for it (``base_ms``, without this residual or
         the device's load): the difference, over a candidate's recent frames, corrects what the
-        model does not see. Its first ``cold_frames`` frames are not counted."""
+        model does not see. Its first ``cold_frames`` frames are not counted; a ``raced`` frame
+        is an upper bound (it shared the device with the whole model's run)."""
         self._seen_total[i] += 1
         if self._seen_total[i] <= self.cold_frames or not math.isfinite(measured_ms - base_ms):
             return
-        self._residual[i].add(measured_ms - base_ms, time.monotonic() if now is None else now)
+        self._residual[i].add(measured_ms - base_ms, time.monotonic() if now is None else now, upper_bound=raced)
 
     def observe_result(self, i: int, nbytes: int) -> None:
         self._result[i].add(nbytes)

@@ -176,7 +176,7 @@ class RemoteCall:
                 if not task.cancelled() and task.exception() is None:
                     reply, arrived = task.result()
                     if isinstance(reply, wire.Result):
-                        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, {})
+                        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, {}, raced=True)
 
             remote.add_done_callback(measured)
             assert fallback is not None
@@ -210,14 +210,15 @@ class RemoteCall:
         if fallback is not None and not race:
             fallback.cancel()  # not started yet: dropped; running: its result is ignored
         # (racing, the device's run goes on: its time is the measurement the race was for)
-        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings)
+        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings, raced=race)
         if self.link.postprocessed:
             return Outcome(outputs, wire_bytes, None)  # post-processed by the cloud (e.g. detections)
         return Outcome(cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None)
 
     def observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
-                      timings: dict[str, float]) -> None:
-        """What a reply says about the link, the cloud and this candidate."""
+                      timings: dict[str, float], raced: bool = False) -> None:
+        """What a reply says about the link, the cloud and this candidate (``raced``: the frame
+        shared the device with the whole model's run, so its overhead is an upper bound)."""
         self.breaker.success()
         tm = reply.timings
         timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
@@ -226,7 +227,7 @@ class RemoteCall:
         self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
         overhead_ms = max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0)
         self.monitor.add_rtt(overhead_ms)
-        self.controller.observe_overhead(i, overhead_ms)
+        self.controller.observe_overhead(i, overhead_ms, raced=raced)
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
         if reply.info is not None:
             self.controller.observe_result(i, reply.info.nbytes)
