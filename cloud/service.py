@@ -1,11 +1,10 @@
 """The cloud service: finishes the compute for many edge devices at once.
 
 One :class:`CloudService` loads plans (hashes verified), accepts edge connections over TCP
-(+TLS) and WebRTC, checks each hello (protocol version, plan hash, token), batches requests per
-(plan, candidate) (:mod:`~splitinfer.cloud.batcher`), runs cloud segments on onnxruntime
-(:mod:`~splitinfer.cloud.sessions`), and answers with the outputs and its receive, queue and
-compute times. Bad frames get an error frame naming the problem; the service keeps serving
-everyone else. An HTTP port serves ``/healthz``, ``/readyz``, ``/metrics``, ``/v1/plans`` and
+(+TLS) and WebRTC — each served from its hello to its bye by :mod:`~splitinfer.cloud.connection`
+— batches requests per (plan, candidate) (:mod:`~splitinfer.cloud.batcher`), runs cloud segments
+on onnxruntime (:mod:`~splitinfer.cloud.sessions`), and drains and stops cleanly. Bad frames get
+an error frame naming the problem; the service keeps serving everyone else. An HTTP port serves ``/healthz``, ``/readyz``, ``/metrics``, ``/v1/plans`` and
 the WebRTC signalling endpoint ``/v1/webrtc/offer``.
 
 >>> async with CloudService(["plans/yolo-n"], listen=("0.0.0.0", 7000)) as svc:   # doctest: +SKIP
@@ -17,35 +16,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
-import hmac
 import ipaddress
 import logging
 import os
 import socket
-import time
-import uuid
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from .. import __version__
-from .._types import PixelFormat
-from ..errors import ChannelClosed, ChannelError, PlanError, ProtocolError, SplitinferError
-from ..postprocess import POSTPROCESSORS, postprocess
+from ..errors import ChannelClosed, ChannelError, PlanError, SplitinferError
+from ..postprocess import POSTPROCESSORS
 from ..splitter.plan import Candidate, Plan
 from ..transport import wire
 from ..transport.channel import Channel
 from ..transport.budget import PartialBudget
 from ..transport.ratelimit import RateLimiter
 from ..transport.tcp import DEFAULT_FRAME_IDLE_S, DEFAULT_PARTIAL_BYTES, TcpServer, default_max_connections, server_ssl_context
-from .admission import RequestError, check_request
-from .batcher import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_DELAY_MS, Batcher, Busy,
-                      DeadlineExceeded)
+from .batcher import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_DELAY_MS, Batcher
+from .connection import Connection, Served
 from .metrics import Metrics
 from .sessions import SessionPool
 
@@ -55,7 +46,6 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0  # a connection whose hello has not arrived whole by then is closed
 IDLE_TIMEOUT_S = 120.0  # a connection that sends nothing for this long is closed (edges ping every few s)
-MAX_INFLIGHT_PER_CONNECTION = 64  # requests one edge may have open; beyond: "busy"
 
 
 def load_tokens(path: str | os.PathLike[str]) -> set[str]:
@@ -68,17 +58,6 @@ def load_tokens(path: str | os.PathLike[str]) -> set[str]:
     if not tokens:
         raise SplitinferError(f"--token-file {path}: no tokens in it (expected one per line)")
     return tokens
-
-
-@dataclass
-class _Served:
-    plan: Plan
-    postprocess: str | None
-
-    @property
-    def pixels(self) -> dict[str, PixelFormat]:
-        """How each image input's camera pixels become the model input (for JPEG frames)."""
-        return {t.name: t.pixels for t in self.plan.inputs if t.pixels is not None}
 
 
 class CloudService:
@@ -95,7 +74,7 @@ class CloudService:
                  max_partial_bytes: int = DEFAULT_PARTIAL_BYTES, frame_idle_s: float = DEFAULT_FRAME_IDLE_S) -> None:
         if not plans:
             raise PlanError("the cloud service needs at least one plan")
-        self.plans: dict[str, _Served] = {}
+        self.plans: dict[str, Served] = {}
         for p in plans:
             plan = p if isinstance(p, Plan) else Plan.load(p)
             pp = postprocess if isinstance(postprocess, str) else (postprocess or {}).get(plan.hash)
@@ -104,7 +83,7 @@ class CloudService:
             if pp == "yolo" and (len(plan.outputs) != 1 or len(plan.outputs[0].shape) != 3):
                 raise SplitinferError(f"plan {plan.name} ({plan.hash[:12]}): yolo post-processing needs one output "
                                       f"(B, 4 + classes, N), the plan has {[list(t.shape) for t in plan.outputs]}")
-            self.plans[plan.hash] = _Served(plan, pp)
+            self.plans[plan.hash] = Served(plan, pp)
         self.listen, self.http_addr = listen, http
         self.tokens = set(tokens) if tokens else None
         self.tls = (tls_cert, tls_key) if tls_cert or tls_key else None
@@ -343,6 +322,8 @@ class CloudService:
         await self._serve(ch, "webrtc")
 
     async def _serve(self, ch: Channel, transport: str) -> None:
+        """One connection (:class:`~splitinfer.cloud.connection.Connection`), known to the service
+        until it ends: its channel gets a bye at shutdown, its requests are drained."""
         task = asyncio.current_task()
         if task is not None:
             self._conn_tasks.add(task)
@@ -350,10 +331,7 @@ class CloudService:
         gauge = self.metrics.connections.labels(transport)
         gauge.inc()
         try:
-            served = await self._hello(ch)
-            if served is None:
-                return
-            await self._requests(ch, served)
+            await Connection(self, ch, track=self._track_request).run()
         except ChannelClosed:
             pass
         finally:
@@ -363,91 +341,17 @@ class CloudService:
                 self._conn_tasks.discard(task)
             await ch.aclose()
 
-    async def _hello(self, ch: Channel) -> _Served | None:
-        try:
-            msg = await asyncio.wait_for(ch.recv(tensors=False), self.hello_timeout_s)
-        except asyncio.TimeoutError:
-            self.metrics.errors.labels("refused_hello_timeout").inc()
-            return None
-        except ProtocolError as exc:
-            await self._refuse(ch, "protocol", f"expected a hello frame: {exc}")
-            return None
-        if not isinstance(msg, wire.Hello):
-            await self._refuse(ch, "protocol", f"expected a hello frame first, got {msg.KIND!r}")
-            return None
-        if msg.protocol != wire.PROTOCOL_VERSION:
-            await self._refuse(ch, "version", f"protocol version {msg.protocol} is not served; this service speaks "
-                                              f"version {wire.PROTOCOL_VERSION}")
-            return None
-        served = self.plans.get(msg.plan_hash)
-        if served is None:
-            await self._refuse(ch, "plan", f"plan {msg.plan_hash[:16]}… is not served here; served plans: "
-                                           f"{[h[:16] for h in self.plans]}")
-            return None
-        if self.tokens is not None and not any(hmac.compare_digest((msg.token or "").encode(), t.encode())
-                                               for t in self.tokens):
-            await self._refuse(ch, "token", "missing token" if not msg.token else "the token is not accepted")
-            return None
-        if msg.postprocess is not None:  # the edge names its output format: every frame the same, wherever it ran
-            if msg.postprocess and msg.postprocess not in POSTPROCESSORS:
-                await self._refuse(ch, "postprocess", f"post-processing {msg.postprocess!r} is not known here; "
-                                                      f"known: {sorted(POSTPROCESSORS)}")
-                return None
-            served = dataclasses.replace(served, postprocess=msg.postprocess or None)
-        ch.set_limits(self.limits)  # a known peer: frames with tensors from now on
-        await ch.send(wire.Welcome(uuid.uuid4().hex[:12], server=f"splitinfer {__version__} {self.name}",
-                                   max_frame=self.limits.max_frame, postprocess=served.postprocess or ""))
-        return served
+    def _track_request(self, task: asyncio.Task[None]) -> None:
+        self._infer_tasks.add(task)
+        task.add_done_callback(self._infer_tasks.discard)
 
-    async def _refuse(self, ch: Channel, reason: str, message: str) -> None:
-        self.metrics.errors.labels(f"refused_{reason}").inc()
-        with contextlib.suppress(Exception):
-            await ch.send(wire.Refusal(reason, message))
-
-    async def _requests(self, ch: Channel, served: _Served) -> None:
-        inflight: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                try:
-                    msg = await asyncio.wait_for(ch.recv(tensors=False), self.idle_timeout_s)
-                except asyncio.TimeoutError:
-                    self.metrics.errors.labels("idle_timeout").inc()
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(ch.send(wire.Bye(f"idle for {self.idle_timeout_s:g} s")), 1.0)
-                    return
-                except ProtocolError as exc:
-                    if ch.closed:  # the framing broke: the channel is gone
-                        return
-                    await self._error(ch, None, "protocol", str(exc))
-                    continue
-                if isinstance(msg, wire.InferRequest):
-                    if len(inflight) >= MAX_INFLIGHT_PER_CONNECTION:
-                        await self._error(ch, msg.request_id, "busy",
-                                          f"{len(inflight)} requests already open on this connection")
-                        continue
-                    t = asyncio.create_task(self._infer(ch, served, msg))
-                    inflight.add(t)
-                    t.add_done_callback(inflight.discard)
-                    self._infer_tasks.add(t)
-                    t.add_done_callback(self._infer_tasks.discard)
-                elif isinstance(msg, wire.Ping):
-                    await ch.send(wire.Pong(msg.seq, msg.sent_at, recv_ms=msg.info.seconds * 1e3 if msg.info else 0.0,
-                                            nbytes=msg.info.nbytes if msg.info else 0))
-                elif isinstance(msg, wire.Bye):
-                    return
-                else:
-                    await self._error(ch, None, "protocol", f"unexpected {msg.KIND!r} frame after the hello")
-        finally:
-            if inflight:
-                await asyncio.gather(*inflight, return_exceptions=True)
-
-    async def _error(self, ch: Channel, request_id: int | None, code: str, message: str) -> None:
-        self.metrics.errors.labels(code).inc()
-        with contextlib.suppress(ChannelClosed):
-            await ch.send(wire.Error(request_id, code, message))
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the service's worker threads (post-processing, off the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ------------------------------------------------------------------ inference
-    def _batcher(self, plan: Plan, cand: Candidate) -> Batcher:
+    def batcher(self, plan: Plan, cand: Candidate) -> Batcher:
+        """The (plan, candidate) batcher, made when first asked for."""
         key = (plan.hash, cand.id)
         b = self._batchers.get(key)
         if b is None:
@@ -467,51 +371,6 @@ class CloudService:
                                               max_rows=max(self.max_rows, self.batch_opts["max_batch_size"]),
                                               on_depth=depth.set, **self.batch_opts)
         return b
-
-    async def _infer(self, ch: Channel, served: _Served, req: wire.InferRequest) -> None:
-        received = req.info.end if req.info else time.monotonic()
-        recv_ms = req.info.seconds * 1e3 if req.info else 0.0
-        plan = served.plan
-        try:
-            cand = check_request(served.plan, req, self.max_rows)
-            self.metrics.requests.labels(plan.hash[:12], cand.id).inc()
-            if self.state != "running":
-                raise RequestError("shutdown", "the service is shutting down")
-            try:
-                req.tensors = wire.decode_tensors(req.tensors, served.pixels)  # a JPEG becomes the model input
-            except ProtocolError as exc:
-                raise RequestError("bad_request", str(exc)) from None
-            deadline = received + req.deadline_ms / 1e3 if req.deadline_ms is not None else None
-            if deadline is not None and time.monotonic() > deadline:
-                raise RequestError("deadline", f"the deadline ({req.deadline_ms:.1f} ms) passed on arrival")
-            try:
-                res = await self._batcher(plan, cand).submit(req.tensors, deadline=deadline)
-            except Busy as exc:
-                raise RequestError("busy" if self.state == "running" else "shutdown", str(exc)) from None
-            except DeadlineExceeded as exc:
-                raise RequestError("deadline", str(exc)) from None
-            outputs = cand.finish(req.tensors, res.outputs, plan.output_names)
-            if served.postprocess:
-                outputs = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, postprocess, served.postprocess, outputs)
-            self.metrics.queue.observe(res.queue_s)
-            self.metrics.compute.observe(res.compute_s)
-            self.metrics.batch_size.observe(res.batch_size)
-            result = wire.Result(req.request_id, outputs, codec=req.result_codec,
-                                 timings=wire.ServerTimings(recv_ms, res.queue_s * 1e3, res.compute_s * 1e3,
-                                                            res.batch_size))
-            await ch.send(result)
-            self.metrics.latency.labels(plan.hash[:12], cand.id).observe(time.monotonic() - received)
-        except RequestError as exc:
-            await self._error(ch, req.request_id, exc.code, str(exc))
-        except ChannelClosed:
-            pass
-        except Exception as exc:  # a bug or a runtime failure: the sender hears of it, others go on
-            if self.state != "running":  # a run terminated by the shutdown
-                await self._error(ch, req.request_id, "shutdown", "the service is shutting down")
-                return
-            log.exception("request %s failed", req.request_id)
-            await self._error(ch, req.request_id, "internal", f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ status
     def plans_json(self) -> list[dict[str, Any]]:
