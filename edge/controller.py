@@ -9,7 +9,8 @@ ratio). On top of it:
   (an emergency, where the current choice is predicted ``emergency`` times worse than the best,
   switches at once);
 * exploration: every ``explore_every_s`` a candidate not used for a while, predicted within
-  ``explore_margin`` of the best, is used for one frame to re-measure it (``explore_margin_costly``
+  ``explore_margin`` of the best, is used for one frame to re-measure it (each candidate less
+  often while the link stays put and it is not chosen: up to 4x; ``explore_margin_costly``
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
   candidates, ``cheap_explore``, but not split cuts);
 * the cloud's reports (compute, queue) averaged over time, not over a count of frames, so a
@@ -230,6 +231,12 @@ class Controller:
         self._since = -math.inf
         self._last_used = [-math.inf] * n
         self._last_explore: float | None = None
+        # a candidate explored again and again while the link stays put is explored less often:
+        # its interval doubles with each exploration, up to explore_backoff_max x explore_every_s,
+        # and is back to explore_every_s once it is chosen or the link's rate has halved or doubled
+        self.explore_backoff_max = 4.0
+        self._backoff = [1.0] * n
+        self._explored_bw = [math.nan] * n
 
     # ------------------------------------------------------------------ observations
     def observe_edge(self, i: int, ms: float, now: float | None = None) -> None:
@@ -410,7 +417,7 @@ class Controller:
         # cold start, a stalled device) is measured again instead of being ruled out until it expires
         faded = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
                              downlink_mbps=downlink_mbps, now=now, load=load, fade=True)
-        choice = self._standing(pred, now, idx, default_ratio, faded)
+        choice = self._standing(pred, now, idx, default_ratio, faded, bandwidth_mbps)
         detour = self.policy == "latency" and transient_ms > 0 and choice.index == self.current
         if detour and not self.cm.local[choice.index]:
             fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio,
@@ -423,7 +430,7 @@ class Controller:
         return replace(choice, base=tuple(base))
 
     def _standing(self, pred: list[float], now: float, idx: list[int], default_ratio: float | Sequence[float],
-                  faded: Sequence[float] | None = None) -> Choice:
+                  faded: Sequence[float] | None = None, bandwidth_mbps: float = math.nan) -> Choice:
         """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration
         (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded)."""
         faded = pred if faded is None else faded
@@ -446,15 +453,22 @@ class Controller:
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
         if now - self._last_explore >= self.explore_every_s:
+            for i in idx:  # the link moved since a candidate was explored: it is worth a look again
+                ratio = bandwidth_mbps / max(self._explored_bw[i], 1e-9)
+                if not 0.5 < ratio < 2.0:
+                    self._backoff[i] = 1.0
             stale = [i for i in idx if i != choice
                      and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if i in self.cheap_explore
                                                                    else self.explore_margin_costly)
-                     and now - self._last_used[i] >= self.explore_every_s]
+                     and now - self._last_used[i] >= self.explore_every_s * self._backoff[i]]
             if stale:
                 choice = min(stale, key=lambda i: self._last_used[i])
                 explore = True
                 self._last_explore = now
+                self._explored_bw[choice] = bandwidth_mbps
+                self._backoff[choice] = min(2 * self._backoff[choice], self.explore_backoff_max)
         if not explore and choice != self.current:
             self.current, self._since = choice, now
+            self._backoff[choice] = 1.0
         self._last_used[choice] = now
         return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored)
