@@ -35,7 +35,6 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 
 from ..splitter.cost_model import CostModel
 
@@ -100,7 +99,7 @@ class _Median:
 
     @property
     def value(self) -> float:
-        return float(np.median(self._xs)) if self._xs else math.nan
+        return _median(self._xs) if self._xs else math.nan
 
 
 class _Recent:
@@ -151,12 +150,23 @@ class _Recent:
         return v
 
 
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """numpy's default (linear) quantile, in plain Python: called for every candidate on every
+    frame with a handful of samples, where numpy's per-call cost is most of the work (the
+    controller's choice took ~2.4 ms a frame on a 0.17-core device, ~1.5 % of a cloud frame)."""
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
 def _lower_quartile(xs: list[float]) -> float:
-    return float(np.percentile(xs, 25))
+    return _quantile(xs, 0.25)
 
 
-def _median(xs: list[float]) -> float:
-    return float(np.median(xs))
+def _median(xs: Sequence[float]) -> float:
+    return _quantile(xs, 0.5)
 
 
 @dataclass(frozen=True)

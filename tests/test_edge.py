@@ -443,6 +443,19 @@ def test_a_candidate_explored_while_the_link_stays_put_is_explored_less_often(yo
     assert explored == [5.0, 15.0, 35.0, 40.0, 50.0, 70.0]
 
 
+def test_the_controllers_quantiles_are_numpys():
+    """The controller's statistics run in plain Python (numpy's per-call cost dominated them on a
+    small device); they must give numpy's (linear) quantiles."""
+    from splitinfer.edge.controller import _quantile
+
+    rng = np.random.default_rng(0)
+    for n in range(1, 10):
+        for _ in range(50):
+            xs = list(rng.normal(100.0, 50.0, n))
+            for q in (0.25, 0.5, 0.9):
+                assert _quantile(xs, q) == pytest.approx(float(np.percentile(xs, 100 * q)))
+
+
 def test_bytes_policy_picks_the_fewest_bytes_within_budget(yolo_plan):
     cm = CostModel.from_plan(Plan.load(yolo_plan))
     c = Controller(cm, policy="bytes", latency_budget_ms=1e9)
