@@ -413,8 +413,8 @@ class EdgeAgent:
             # finish on the device: the cloud segment on the cut we have, or the whole model
             if cand.edge is None:
                 out, ms = await self.device.run(self._whole_model(), dict(inputs), local_expect, priority=index)
-                if whole is not None:  # a real measurement of the all-edge candidate
-                    self.controller.observe_edge(whole, ms)
+                if whole is not None:  # a measurement of the all-edge candidate (raced: an upper bound)
+                    self.controller.observe_edge(whole, ms, raced=race)
             else:
                 assert cand.cloud is not None
                 cout, ms = await self.device.run(str(self.plan.file(cand.cloud)), cut, local_expect, priority=index)
