@@ -35,9 +35,10 @@ over them); ``--full-records DIR`` keeps every frame's whole record (each candid
 the bandwidth estimate, the device's queue), which the trimmed records leave out, for diagnosis.
 
 The first ``--warmup-s`` seconds of every strategy (a process's cold start) are left out of all
-figures alike. Five processes and the cloud starting at once on 2 cores build a backlog of 1-2 s
-a frame that a 0.17-core device drains in ~10 s (the all-edge strategy's frames 10-20 took
-0.5-1.5 s at a 5-s warm-up, which made it look 1.3-2x slower than it is), hence 10 s.
+figures alike. A 0.17-core device's first runs (cold sessions and code paths) build a backlog of
+1-2 s a frame that drains in ~10 s, even with the strategy alone on the machine (the all-edge
+strategy's frames 10-20 took 0.5-1.5 s at a 5-s warm-up, which made it look 1.3-2x slower than
+it is), hence 10 s.
 
 Results: benchmarks/results/edge_traces.json (written after every regime; ``--resume`` skips what
 it holds), edge_traces.png, and the per-frame records (trimmed, gzipped) in

@@ -35,7 +35,6 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-
 from ..splitter.cost_model import CostModel
 
 __all__ = ["Controller", "Choice", "DeviceLoad", "POLICIES"]
@@ -90,16 +89,18 @@ class _Median:
         self.gap_s = gap_s  # a sample after a pause this long starts over (see _Recent)
         self.at = -math.inf  # when the last sample came
 
-    def add(self, x: float, now: float | None = None) -> None:
+    def add(self, x: float, now: float | None = None, upper_bound: bool = False) -> bool:
+        """One sample; ``upper_bound`` as in :meth:`_Recent.add`. Whether it was taken."""
         now = time.monotonic() if now is None else now
-        if now - self.at >= self.gap_s:
+        if upper_bound:
+            if math.isnan(self.value) or x >= self.value:
+                return False
+            self._xs.clear()
+        elif now - self.at >= self.gap_s:
             self._xs.clear()
         self._xs.append(x)
         self.at = now
-
-    def restart(self) -> None:
-        """Forget the samples (the next one replaces them)."""
-        self._xs.clear()
+        return True
 
     @property
     def value(self) -> float:
@@ -259,13 +260,7 @@ class Controller:
         frame's JPEG, the reply) costs the segment ~1/quota ms, so a raced run is an upper bound
         (measured: 700-930 ms against ~390 alone at 0.17 core): taken only where it says less
         than the evidence, and never for the device's scale."""
-        if raced:
-            v = self._edge[i].value
-            if math.isnan(v) or ms >= v:
-                return
-            self._edge[i].restart()
-        self._edge[i].add(ms, now)
-        if raced:
+        if not self._edge[i].add(ms, now, upper_bound=raced) or raced:
             return
         if self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
             self._edge_scale.add(ms / self.cm.edge_ms[i])
@@ -383,8 +378,9 @@ class Controller:
         the candidate is measured again."""
         results = self.result_bytes()
         now = time.monotonic() if now is None else now
+        edge = self.edge_ms(now, fade)
         pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms(now) + backlog_ms,
-                               edge_ms=self.edge_ms(now, fade), cloud_ms=self.cloud_ms(now),
+                               edge_ms=edge, cloud_ms=self.cloud_ms(now),
                                byte_ratio=self.byte_ratios(default_ratio), downlink_mbps=downlink_mbps,
                                result_bytes=results)
         down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
@@ -401,8 +397,7 @@ class Controller:
                 pred[i] = max(pred[i] + r, 0.5 * pred[i])
         if load is not None:
             if fade:  # the device's work by the same faded times
-                fe = self.edge_ms(now, True)
-                load = replace(load, device_ms=[fe[i] if d > 0 else 0.0 for i, d in enumerate(load.device_ms)])
+                load = replace(load, device_ms=[edge[i] if d > 0 else 0.0 for i, d in enumerate(load.device_ms)])
             pred = [p + w for p, w in zip(pred, self.load_ms(pred, load))]
         return pred, base
 
