@@ -6,7 +6,10 @@ Regimes: fixed 1, 5, 20 and 100 Mbit/s and loopback; a 50 -> 1 -> 50 Mbit/s step
 windows of the real uplink traces in ../shared/traces (several per trace, never one first window).
 Devices: ``slow`` (~270 ms a frame at 2 fps) and ``fast`` (~100 ms at 8 fps). Strategies:
 adaptive; all-edge; all-cloud (JPEG of the camera frame); every static cut (int8+lz4); and the
-hindsight oracle (per frame, the best static strategy's latency for that frame).
+hindsight oracle (per frame, the best static strategy's latency for that frame) and the
+conditions oracle (per frame, the static strategy that did best in the second around it, charged
+that strategy's frame: it knows the link and the load in hindsight but not each frame's luck, see
+:func:`conditions_oracle`).
 
 The strategies of one (regime, device) run one after another (``--parallel 1``, the default),
 each in its own cgroup and its own link emulator replaying the same schedule from its first
@@ -24,6 +27,10 @@ shared 2-core machine); over
 the trace windows adaptive takes >= 0.6 of the oracle's gain over the best static, on the
 aggregate (log of the geometric mean over all windows of best-static/adaptive, divided by the same
 for best-static/oracle); no window below 0.97x its best static; adaptive/oracle median <= 1.05.
+Both oracles are reported and the window goals judged against each (``windows_goal_met``,
+``windows_goal_met_conditions_oracle``). Each (regime, device) starts with the next strategy in
+turn (``order`` in the JSON), so a drift in the machine's background load is not always met by
+the same strategy.
 
     python benchmarks/edge_traces.py [--devices slow,fast] [--fixed-seconds 40] [--repeats 3] [--windows 3]
         [--window-seconds 120] [--window-devices slow] [--traces 10] [--parallel 1] [--warmup-s 10]
@@ -227,7 +234,30 @@ def stats(recs: list[dict]) -> dict:
             "cuts": dict(Counter(r["candidate"] for r in recs))}
 
 
-def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0) -> dict:
+def conditions_oracle(lat: list[list[float]], n: int, half: int) -> list[float]:
+    """The hindsight oracle that knows the conditions but not each frame's luck: for frame ``k``,
+    the static strategy whose frames around it (``k - half`` .. ``k + half``, leaving ``k`` out)
+    had the lowest median latency, charged what that strategy's frame ``k`` took. The per-frame
+    oracle (the lowest of the strategies' frame ``k``) also takes every frame's noise: strategies
+    run one after another meet a 2-core machine's other work independently, and the lowest of two
+    candidates that are equal but for that noise is ~6-9 % below either (loopback, session 20:
+    best static/oracle 1.06-1.09 where cloud and c1 are within 1 %), a gain no controller that
+    decides before a frame runs can take."""
+    out = []
+    for k in range(n):
+        best, pick = math.inf, math.nan
+        for xs in lat:
+            if k >= len(xs):
+                continue
+            near = [xs[j] for j in range(max(0, k - half), min(len(xs), k + half + 1)) if j != k]
+            m = float(np.median(near)) if near else xs[k]
+            if m < best:
+                best, pick = m, xs[k]
+        out.append(pick)
+    return out or [math.nan]
+
+
+def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0, half_window: int = 2) -> dict:
     """One (regime, device): a row per strategy, the oracle, the ratios. A strategy stopped for
     falling behind keeps the frames it finished (a lower bound on its latency) and cannot be the
     best static; the oracle takes the others for frames it did not reach. The first ``warmup``
@@ -237,6 +267,11 @@ def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0
     n -= warmup
     statics = [s for s in records if s != "adaptive"]
     per: dict = {s: stats(r) | {"fell_behind": len(r) < n} for s, r in records.items()}
+    if not statics or "adaptive" not in records:  # a diagnostic subset: no ratios to take
+        table(name, ["strategy", "mean ms", "P50 ms", "P99 ms", "frames"],
+              [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}", v["frames"]]
+               for s, v in per.items()])
+        return per
     reach = max(len(records[s]) for s in statics)
     oracle = [min(records[s][k]["ms"] for s in statics if len(records[s]) > k) for k in range(min(n, reach))]
     if not oracle:
@@ -244,11 +279,17 @@ def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0
     per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
                      "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": math.nan, "fallbacks": 0,
                      "frames": len(oracle)}
+    cond = conditions_oracle([[r["ms"] for r in records[s]] for s in statics], min(n, reach), half_window)
+    per["oracle_conditions"] = {"mean_ms": float(np.mean(cond)), "p50_ms": float(np.percentile(cond, 50)),
+                                "p99_ms": float(np.percentile(cond, 99)), "bytes_per_frame": math.nan,
+                                "fallbacks": 0, "frames": len(cond)}
     complete = [s for s in statics if not per[s]["fell_behind"]] or statics
     best = min(complete, key=lambda s: per[s]["mean_ms"])
     ad, bs, orc = per["adaptive"]["mean_ms"], per[best]["mean_ms"], per["oracle"]["mean_ms"]
+    occ = per["oracle_conditions"]["mean_ms"]
     per["ratios"] = {"best_static": best, "adaptive_over_best_static": ad / bs, "best_static_over_adaptive": bs / ad,
                      "best_static_over_oracle": bs / orc, "adaptive_over_oracle": ad / orc,
+                     "best_static_over_oracle_conditions": bs / occ, "adaptive_over_oracle_conditions": ad / occ,
                      "adaptive_bytes_over_cloud": per["adaptive"]["bytes_per_frame"] / max(per["cloud"]["bytes_per_frame"], 1)
                      if "cloud" in per else math.nan,
                      "adaptive_no_slower_than_cloud": ad <= per["cloud"]["mean_ms"] if "cloud" in per else None}
@@ -270,6 +311,7 @@ def aggregate(results: dict) -> dict:
         if not runs:
             continue
         reps: dict[str, list[float]] = {}
+        runs = {k: v for k, v in runs.items() if "ratios" in v["summary"]}
         for v in runs.values():
             if v["kind"] != "window":
                 reps.setdefault(v["regime"], []).append(v["summary"]["ratios"]["adaptive_over_best_static"])
@@ -281,17 +323,26 @@ def aggregate(results: dict) -> dict:
         if wins:
             g_ad = statistics.mean(math.log(w["best_static_over_adaptive"]) for w in wins)
             g_or = statistics.mean(math.log(w["best_static_over_oracle"]) for w in wins)
+            g_oc = statistics.mean(math.log(w["best_static_over_oracle_conditions"]) for w in wins)
+            aoc = sorted(w["adaptive_over_oracle_conditions"] for w in wins)
             ao = sorted(w["adaptive_over_oracle"] for w in wins)
             bs_ad = [w["best_static_over_adaptive"] for w in wins]
             d |= {"windows": len(wins), "geomean_best_static_over_adaptive": math.exp(g_ad),
                   "geomean_best_static_over_oracle": math.exp(g_or),
                   "share_of_oracle_gain": g_ad / g_or if g_or > 1e-9 else math.nan,
+                  "geomean_best_static_over_oracle_conditions": math.exp(g_oc),
+                  "share_of_conditions_oracle_gain": g_ad / g_oc if g_oc > 1e-9 else math.nan,
+                  "median_adaptive_over_oracle_conditions": statistics.median(aoc),
                   "worst_window_best_static_over_adaptive": min(bs_ad),
                   "median_adaptive_over_oracle": statistics.median(ao),
                   "median_adaptive_bytes_over_cloud": statistics.median(w["adaptive_bytes_over_cloud"] for w in wins),
                   "windows_adaptive_no_slower_than_cloud": sum(bool(w["adaptive_no_slower_than_cloud"]) for w in wins)}
             d["windows_goal_met"] = (d["share_of_oracle_gain"] >= 0.6 and min(bs_ad) >= 0.97
                                      and d["median_adaptive_over_oracle"] <= 1.05)
+            # the same goals against the oracle that knows the conditions but not each frame's luck
+            d["windows_goal_met_conditions_oracle"] = (d["share_of_conditions_oracle_gain"] >= 0.6
+                                                       and min(bs_ad) >= 0.97
+                                                       and d["median_adaptive_over_oracle_conditions"] <= 1.05)
         out[device] = d
     return out
 
@@ -374,7 +425,8 @@ def main() -> None:
         for key, v in results["runs"].items():
             recs = {p.name.split(".")[-3]: [json.loads(x) for x in gzip.open(p, "rt")]
                     for p in sorted(RECORDS.glob(f"{_safe(key)}.*.jsonl.gz"))}
-            v["summary"] = summarise(key, recs, v["frames"], int(args.warmup_s * DEVICES[v["device"]][1]))
+            v["summary"] = summarise(key, recs, v["frames"], int(args.warmup_s * DEVICES[v["device"]][1]),
+                                     _half_window(v["device"]))
         finish(results)
         return
     if not TRACES.is_dir() and args.windows:
@@ -420,15 +472,18 @@ def main() -> None:
             port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
             print(f"edge: cgroup CPU quota per device {DEVICES}; cloud at full speed; "
                   f"{len(plan_work)} (regime, device) pairs x {len(strategies)} strategies")
-            for regime, device, rep in plan_work:
+            for turn, (regime, device, rep) in enumerate(plan_work):
                 key = f"{device}/{regime.name}" + (f"#{rep}" if rep > 1 else "")
                 if key in results["runs"]:
                     continue
+                # one after another, each (regime, device) starts with the next strategy in turn: a
+                # machine whose background load drifts over minutes does not always meet the same one
+                order = strategies[turn % len(strategies):] + strategies[:turn % len(strategies)]
                 t = time.monotonic()
                 # the fast device's strategies need ~0.55 core each and the cloud ~0.3 core per 8-fps
                 # stream: on a 2-core machine more than two side by side starve each other and the cloud
                 par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
-                recs = asyncio.run(run_regime(plan_dir, port, regime, device, strategies, par, Path(tmp),
+                recs = asyncio.run(run_regime(plan_dir, port, regime, device, order, par, Path(tmp),
                                               args.full_records, key))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
@@ -437,7 +492,9 @@ def main() -> None:
                 results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind, "repeat": rep,
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
-                                        "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]))}
+                                        "order": order,
+                                        "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
+                                                             _half_window(device))}
                 finish(results)  # after every regime: a stopped run keeps what it measured
         finally:
             cloud.terminate()
@@ -450,6 +507,11 @@ def _cloud_first() -> None:
         os.nice(-10)
     except OSError:  # not root: the cloud shares the CPU alike (said by its compute times)
         pass
+
+
+def _half_window(device: str) -> int:
+    """The conditions oracle's frames either side: about a second, at least 2."""
+    return max(2, round(DEVICES[device][1]))
 
 
 def _code_version() -> str:
