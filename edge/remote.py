@@ -234,9 +234,15 @@ class RemoteCall:
 
     def _late_reply(self, nbytes: int, fut: "asyncio.Future[wire.Message]") -> None:
         """A reply for a frame already finished locally: how long the request took to arrive is
-        still a real measurement of the link (the only one during an outage)."""
+        still a real measurement of the link (the only one during an outage), and the cloud
+        answered: the hedge the device won counted as a failure when it won (a frozen cloud opens
+        the breaker within a few frames), and the answer takes it back (a cloud that is only
+        slower than the device is the controller's business, not the breaker's: three hedges in a
+        row would otherwise keep every frame off the cloud for the cool-down)."""
         if fut.cancelled() or fut.exception() is not None:
             return
         reply = fut.result()
-        if isinstance(reply, wire.Result) and reply.timings.recv_ms > 0:
-            self.monitor.add_transfer(nbytes, reply.timings.recv_ms / 1e3)
+        if isinstance(reply, wire.Result):
+            self.breaker.success()
+            if reply.timings.recv_ms > 0:
+                self.monitor.add_transfer(nbytes, reply.timings.recv_ms / 1e3)

@@ -217,6 +217,28 @@ def test_a_late_frame_is_hedged_locally_and_its_late_reply_still_measures_the_li
     assert took < 1.5
     assert mbps < 10  # the late reply's real rate pulled the estimate down from ~50
 
+def test_a_cloud_slower_than_the_device_but_answering_does_not_open_the_breaker(yolo_plan):
+    """Every frame is hedged and the device wins, but every late reply arrives: the cloud is alive
+    (only slower, which is for the controller to judge), so the breaker stays closed and the next
+    pinned frame still goes to the cloud. (A frozen cloud, whose replies never come, opens it:
+    test_hostile_edge.)"""
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with warm_cloud_agent(yolo_plan, plan, "raw") as (emu, ag):
+            emu.set_rate(0.3)  # 49 KB of raw input: ~1.3 s on the wire, the device far sooner
+            out = []
+            for k in range(ag.breaker.threshold + 1):  # enough hedges in a row to open it
+                out.append(await ag.infer(random_feeds(plan.inputs, seed=10 + k)))
+                while ag.link._pending:  # this frame's late reply (the test's timeout bounds the wait)
+                    await asyncio.sleep(0.02)
+            return out, ag.breaker.trips, ag.breaker.failures
+    out, trips, failures = arun(main(), timeout=60)
+    assert all(r.fallback and "later than" in r.fallback_reason for r in out), [r.fallback_reason for r in out]
+    assert all(r.bytes_sent > 0 for r in out)  # each was sent: the breaker never kept one off the cloud
+    assert (trips, failures) == (0, 0)
+
+
 def test_no_cloud_at_all_runs_locally(yolo_plan):
     plan = Plan.load(yolo_plan)
 
