@@ -114,12 +114,15 @@ class _Recent:
     of ``gap_s`` or more (an exploration, a race, a return to it) starts a new run and the old
     samples are dropped — what it did before the pause (a cold start, a stalled device) says
     little of now, and one fresh frame is then enough. Within a run, at least ``min_n`` samples
-    make a value, so one odd frame does not. Samples expire ``window_s`` after they were taken.
-    :meth:`value` with ``fade`` weighs a candidate's first run, not refreshed for ``hold_s``, less
-    and less (time constant ``fade_s``): the exploration's view, so bad news from the start (cold
-    code paths, a stream and its peers starting at once) never rules a candidate out of being
-    measured again. A re-measurement is trusted until it expires: a candidate the model flatters
-    is not re-tried every few seconds."""
+    make a value, so one odd frame does not, and the samples within ``window_s`` of the run's last
+    one count. The standing view (:meth:`value`) keeps a run's evidence until the candidate is
+    measured again: a candidate the model flatters (a split cut whose device and decode costs it
+    underrates) is not chosen again, unmeasured, on the model alone once its evidence ages (at
+    loopback it was, every ~10 s, for two frames 40-50 ms slower each). Exploration's view
+    (``fade``) drops samples older than ``window_s`` and weighs a candidate's first run, not
+    refreshed for ``hold_s``, less and less (time constant ``fade_s``): bad news from the start
+    (cold code paths, a stream and its peers starting at once) never rules a candidate out of
+    being measured again, and older news lets it be looked at again by one frame."""
 
     def __init__(self, stat: Callable[[list[float]], float], *, window_s: float = 10.0, gap_s: float = 2.5,
                  min_n: int = 2, hold_s: float = 1.0, fade_s: float = 3.0) -> None:
@@ -144,8 +147,12 @@ class _Recent:
         self._xs.append((now, ms))
 
     def value(self, now: float, fade: bool = False) -> float | None:
-        """The statistic over the current run's unexpired samples (None: not enough of them)."""
-        recent = [ms for at, ms in self._xs if now - at <= self.window_s]
+        """The statistic over the current run's samples (None: not enough of them); ``fade``:
+        exploration's view (see the class)."""
+        if not self._xs:
+            return None
+        ref = now if fade else self._xs[-1][0]
+        recent = [ms for at, ms in self._xs if ref - at <= self.window_s]
         if not recent or len(recent) < (1 if self._fresh else self.min_n):
             return None
         v = self.stat(recent)
@@ -226,7 +233,7 @@ class Controller:
         # evidence of a run of frames: a re-measurement after a pause (half the exploration interval)
         # starts a new run (see _Recent)
         gap_s = explore_every_s / 2
-        self.overhead_window_s = 10.0  # evidence older than this is not used at all
+        self.overhead_window_s = 10.0  # a run's samples this close to its last count (exploration: to now)
         fading = dict(window_s=self.overhead_window_s, gap_s=gap_s, hold_s=self.stale_hold_s,
                       fade_s=self.stale_fade_s)
         self._overhead = [_Recent(_lower_quartile, **fading) for _ in range(n)]  # beyond the base RTT
