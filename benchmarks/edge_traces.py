@@ -149,7 +149,10 @@ def cgroup(slot: int, quota: float) -> Path | None:
 
 
 async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategy: str, slot: int,
-                       out: Path) -> list[dict]:
+                       out: Path, cpu: dict[str, float]) -> list[dict]:
+    """One strategy's ``edge run``: its records; ``cpu[strategy]``: the agent process's CPU ms per
+    frame (what the agent's own work costs a CPU-quota device: every ms of it is ~1/quota ms of wall
+    time taken from the segments), when it finished."""
     from splitinfer.transport.netem import LinkEmulator
 
     quota, fps = DEVICES[device]
@@ -187,9 +190,10 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
             emu.restart_schedule()
         # a strategy that cannot keep up falls behind; stop it 30 s after the regime's end (it keeps
         # the frames it finished: a lower bound on its latency, and it cannot be the best static)
-        _, err = await asyncio.wait_for(proc.communicate(), regime.seconds + 30)
+        stdout, err = await asyncio.wait_for(proc.communicate(), regime.seconds + 30)
         if proc.returncode:
             raise RuntimeError(f"{strategy}: edge run failed: {(head + err).decode()[-800:]}")
+        cpu[strategy] = json.loads(stdout)["cpu_ms_per_frame"]
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
@@ -206,7 +210,8 @@ def trim(r: dict) -> dict:
 
 
 async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
-                     parallel: int, tmp: Path, full: Path | None = None, key: str = "") -> dict[str, list[dict]]:
+                     parallel: int, tmp: Path, cpu: dict[str, float], full: Path | None = None,
+                     key: str = "") -> dict[str, list[dict]]:
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
 
@@ -215,7 +220,7 @@ async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: st
             slot = slots.pop()
             try:
                 out = tmp / f"{device}.{s}.jsonl"
-                recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out)
+                recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out, cpu)
                 if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
                     (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())
                 return s, [trim(r) for r in recs]
@@ -483,7 +488,8 @@ def main() -> None:
                 # the fast device's strategies need ~0.55 core each and the cloud ~0.3 core per 8-fps
                 # stream: on a 2-core machine more than two side by side starve each other and the cloud
                 par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
-                recs = asyncio.run(run_regime(plan_dir, port, regime, device, order, par, Path(tmp),
+                cpu: dict[str, float] = {}
+                recs = asyncio.run(run_regime(plan_dir, port, regime, device, order, par, Path(tmp), cpu,
                                               args.full_records, key))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
@@ -492,7 +498,7 @@ def main() -> None:
                 results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind, "repeat": rep,
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
-                                        "order": order,
+                                        "order": order, "cpu_ms_per_frame": cpu,
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
                                                              _half_window(device))}
                 finish(results)  # after every regime: a stopped run keeps what it measured

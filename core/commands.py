@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -378,11 +379,13 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                     out.write(json.dumps(r.to_json()) + "\n")
         return results
 
+    cpu0 = _cpu_s()
     try:
         results = asyncio.run(run())
     finally:
         if out is not None:
             out.close()
+    cpu_s = _cpu_s() - cpu0  # the agent's whole process: segments, codecs, the loop, the controller
     lat = np.array([r.timings["total_ms"] for r in results]) if results else np.zeros(1)
     cuts = collections.Counter(r.candidate for r in results)
     summary = {
@@ -392,6 +395,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
         "cuts": dict(cuts), "bytes_sent": int(sum(r.bytes_sent for r in results)),
         "bytes_per_frame": float(np.mean([r.bytes_sent for r in results])) if results else 0.0,
         "fallbacks": sum(r.fallback for r in results), "out": args.out,
+        "cpu_ms_per_frame": cpu_s * 1e3 / max(len(results), 1),
     }
     if args.json:
         _emit_json(summary)
@@ -407,6 +411,12 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                   str(summary["fallbacks"]))
         _console().print(t)
     return 0
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process has used (user + system, every thread)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -435,8 +435,9 @@ class EdgeAgent:
             outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
                                              priority=index)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
+            network_ms = outcome.network_ms
         else:
-            result, sent = await local(), 0
+            result, sent, network_ms = await local(), 0, math.nan
             reason = "circuit open" if self.connected else (self.link.why_not() if self.link is not None
                                                             else "no cloud configured")
         closed = True
@@ -448,11 +449,14 @@ class EdgeAgent:
             return FrameResult(index, outputs, self.plan.candidates[whole].id, "edge", None, sent, timings,
                                predicted_ms=preds[whole], explore=True, conditions=conditions)
         if reason is None:
-            # what the model missed for this candidate; a raced frame shared the device with the
-            # whole model's run: an upper bound, which is how a candidate held off by stale
-            # evidence is measured again
-            self.controller.observe_total(i, (time.perf_counter() - started) * 1e3 - device_wait_ms, model[i],
-                                          raced=race)
+            # what the model missed for this candidate: beyond its device time and the network's
+            # time as it really was, where the bandwidth estimate took that as a sample (a link
+            # that fell is the estimate's news, not the candidate's), else beyond the prediction;
+            # a raced frame shared the device with the whole model's run: an upper bound, which is
+            # how a candidate held off by stale evidence is measured again
+            took_ms = (time.perf_counter() - started) * 1e3 - device_wait_ms
+            expected = edge_expect + network_ms if math.isfinite(network_ms) else model[i]
+            self.controller.observe_total(i, took_ms, expected, raced=race)
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,

@@ -10,7 +10,7 @@ ratio). On top of it:
   switches at once);
 * exploration: every ``explore_every_s`` a candidate not used for a while, predicted within
   ``explore_margin`` of the best, is used for one frame to re-measure it (each candidate less
-  often while the link stays put and it is not chosen: up to 4x; ``explore_margin_costly``
+  often while it is not chosen and comes no closer to the choice: up to 4x; ``explore_margin_costly``
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
   candidates, ``cheap_explore``, but not split cuts);
 * the cloud's reports (compute, queue) averaged over time, not over a count of frames, so a
@@ -253,12 +253,17 @@ class Controller:
         self._since = -math.inf
         self._last_used = [-math.inf] * n
         self._last_explore: float | None = None
-        # a candidate explored again and again while the link stays put is explored less often:
+        # a candidate explored again and again while it comes no closer is explored less often:
         # its interval doubles with each exploration, up to explore_backoff_max x explore_every_s,
-        # and is back to explore_every_s once it is chosen or the link's rate has halved or doubled
+        # and is back to explore_every_s once it is chosen or has come closer to the choice: its
+        # prediction over the choice's is below explore_closer x what it was when last explored (a
+        # rate that rises brings the cloud closer; one that falls only takes it further away, and
+        # on a trace that swings between 0.5 and 1 Mbit/s resetting on every halving raced the
+        # cloud every ~10 s, each race ~60 ms of a 0.17-core device's time)
         self.explore_backoff_max = 4.0
+        self.explore_closer = 0.75
         self._backoff = [1.0] * n
-        self._explored_bw = [math.nan] * n
+        self._explored_rel = [math.inf] * n
 
     # ------------------------------------------------------------------ observations
     def observe_edge(self, i: int, ms: float, now: float | None = None, raced: bool = False) -> None:
@@ -298,10 +303,20 @@ class Controller:
     def observe_total(self, i: int, measured_ms: float, base_ms: float, now: float | None = None,
                       raced: bool = False) -> None:
         """A remote frame's own time on this side (from its start to its result, less any wait for
-        the device) against what the model predicted for it (``base_ms``, without this residual or
+        the device) against what the model expected of it (``base_ms``, without this residual or
         the device's load): the difference, over a candidate's recent frames, corrects what the
-        model does not see. Its first ``cold_frames`` frames are not counted; a ``raced`` frame
-        is an upper bound (it shared the device with the whole model's run)."""
+        model does not see. Where the bandwidth estimate took the frame's transfer as a sample, the
+        agent gives the model's device time (segment and encoding) plus the frame's network time
+        as it really was (request to reply), so the residual is the device side's unmodelled cost
+        (scheduling, decoding, the loop): the network has its own evidence (the bandwidth
+        estimate, the cloud's reports, :meth:`observe_overhead`); a transfer too small to be a
+        sample (a 4 KB JPEG) is compared with the whole prediction, its link's slowness seen
+        nowhere else. Taken
+        against the whole prediction, a frame the link slowed as it fell (a trace's 2 -> 0.4
+        Mbit/s) took 1.2 s against 0.2 predicted, and that residual held the cloud off for 13
+        frames after the link came back (session 20), on top of the estimate that had fallen.
+        Its first ``cold_frames`` frames are not counted; a ``raced`` frame is an upper bound (it
+        shared the device with the whole model's run)."""
         self._seen_total[i] += 1
         if self._seen_total[i] <= self.cold_frames or not math.isfinite(measured_ms - base_ms):
             return
@@ -379,8 +394,8 @@ class Controller:
                       backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
                       load: DeviceLoad | None = None, fade: bool = False) -> tuple[list[float], list[float]]:
         """The predictions, and the model's part of them (before a candidate's measured residual
-        and the device's load), which :meth:`observe_total` compares a frame's real time with.
-        ``fade``: evidence not refreshed lately (device times, overheads, residuals) weighs less and
+        and the device's load), which :meth:`observe_total` compares a frame's real time with
+        where the link's time was not a bandwidth sample. ``fade``: evidence not refreshed lately (device times, overheads, residuals) weighs less and
         less — the view exploration takes (:meth:`choose`); the standing choice trusts it until
         the candidate is measured again."""
         results = self.result_bytes()
@@ -445,7 +460,7 @@ class Controller:
         # cold start, a stalled device) is measured again instead of being ruled out until it expires
         faded = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
                              downlink_mbps=downlink_mbps, now=now, load=load, fade=True)
-        choice = self._standing(pred, now, idx, default_ratio, faded, bandwidth_mbps)
+        choice = self._standing(pred, now, idx, default_ratio, faded)
         detour = self.policy == "latency" and transient_ms > 0 and choice.index == self.current
         if detour and not self.cm.local[choice.index]:
             fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio,
@@ -458,7 +473,7 @@ class Controller:
         return replace(choice, base=tuple(base))
 
     def _standing(self, pred: list[float], now: float, idx: list[int], default_ratio: float | Sequence[float],
-                  faded: Sequence[float] | None = None, bandwidth_mbps: float = math.nan) -> Choice:
+                  faded: Sequence[float] | None = None) -> Choice:
         """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration
         (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded)."""
         faded = pred if faded is None else faded
@@ -481,9 +496,9 @@ class Controller:
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
         if now - self._last_explore >= self.explore_every_s:
-            for i in idx:  # the link moved since a candidate was explored: it is worth a look again
-                ratio = bandwidth_mbps / max(self._explored_bw[i], 1e-9)
-                if not 0.5 < ratio < 2.0:
+            rel = [min(pred[i], faded[i]) / max(pred[choice], 1e-9) for i in range(len(pred))]
+            for i in idx:  # come closer to the choice since it was explored: worth a look again soon
+                if rel[i] < self.explore_closer * self._explored_rel[i]:
                     self._backoff[i] = 1.0
             stale = [i for i in idx if i != choice
                      and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if i in self.cheap_explore
@@ -493,7 +508,7 @@ class Controller:
                 choice = min(stale, key=lambda i: self._last_used[i])
                 explore = True
                 self._last_explore = now
-                self._explored_bw[choice] = bandwidth_mbps
+                self._explored_rel[choice] = rel[choice]
                 self._backoff[choice] = min(2 * self._backoff[choice], self.explore_backoff_max)
         if not explore and choice != self.current:
             self.current, self._since = choice, now

@@ -49,6 +49,7 @@ class Outcome:
     outputs: Outputs
     sent: int  # bytes put on the wire
     reason: str | None  # None: the cloud answered; else why the frame was finished on the device
+    network_ms: float = math.nan  # the cloud answered: from sending the request to its reply (see call)
 
 
 class RemoteCall:
@@ -210,27 +211,32 @@ class RemoteCall:
         if fallback is not None and not race:
             fallback.cancel()  # not started yet: dropped; running: its result is ignored
         # (racing, the device's run goes on: its time is the measurement the race was for)
-        self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings, raced=race)
+        sampled = self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings, raced=race)
+        # the network's time, where the bandwidth estimate took this transfer as a sample (it has
+        # the news if the link fell); a small frame's is not a sample, and stays the candidate's
+        network_ms = (arrived - sent_at) * 1e3 if sampled else math.nan
         if self.link.postprocessed:
-            return Outcome(outputs, wire_bytes, None)  # post-processed by the cloud (e.g. detections)
-        return Outcome(cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None)
+            return Outcome(outputs, wire_bytes, None, network_ms)  # post-processed by the cloud (e.g. detections)
+        return Outcome(cand.finish(cut, outputs, self.plan.output_names), wire_bytes, None, network_ms)
 
     def observe_reply(self, i: int, reply: wire.Result, elapsed_ms: float, wire_bytes: int,
-                      timings: dict[str, float], raced: bool = False) -> None:
+                      timings: dict[str, float], raced: bool = False) -> bool:
         """What a reply says about the link, the cloud and this candidate (``raced``: the frame
-        shared the device with the whole model's run, so its overhead is an upper bound)."""
+        shared the device with the whole model's run, so its overhead is an upper bound). Whether
+        the bandwidth estimate took the transfer as a sample."""
         self.breaker.success()
         tm = reply.timings
         timings["cloud_queue_ms"], timings["cloud_compute_ms"] = tm.queue_ms, tm.compute_ms
         timings["transfer_ms"] = max(elapsed_ms - tm.queue_ms - tm.compute_ms, 0.0)
         timings["batch"] = tm.batch_size
-        self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
+        sampled = self.monitor.add_transfer(wire_bytes, tm.recv_ms / 1e3)
         overhead_ms = max(elapsed_ms - tm.recv_ms - tm.queue_ms - tm.compute_ms, 0.0)
         self.monitor.add_rtt(overhead_ms)
         self.controller.observe_overhead(i, overhead_ms, raced=raced)
         self.controller.observe_cloud(i, tm.compute_ms, tm.queue_ms, tm.batch_size)
         if reply.info is not None:
             self.controller.observe_result(i, reply.info.nbytes)
+        return sampled
 
     def _late_reply(self, nbytes: int, fut: "asyncio.Future[wire.Message]") -> None:
         """A reply for a frame already finished locally: how long the request took to arrive is
