@@ -356,10 +356,13 @@ def plot(results: dict) -> None:
     plt = pyplot()
     if plt is None or not results["runs"]:
         return
-    devices = [d for d in DEVICES if any(v["device"] == d for v in results["runs"].values())]
+    runs_all = [v for v in results["runs"].values() if "ratios" in v["summary"]]  # (a subset has none)
+    devices = [d for d in DEVICES if any(v["device"] == d for v in runs_all)]
+    if not devices:
+        return
     fig, axes = plt.subplots(len(devices), 1, figsize=(14, 4.2 * len(devices)), dpi=100, squeeze=False)
     for ax, device in zip(axes[:, 0], devices):
-        runs = [v for v in results["runs"].values() if v["device"] == device]
+        runs = [v for v in runs_all if v["device"] == device]
         names = [v["regime"][:24] + (f" #{v['repeat']}" if v.get("repeat", 1) > 1 else "") for v in runs]
         for j, (key, label) in enumerate((("adaptive_over_best_static", "adaptive / best static"),
                                           ("adaptive_over_oracle", "adaptive / oracle"))):
