@@ -311,10 +311,10 @@ class Controller:
         (scheduling, decoding, the loop): the network has its own evidence (the bandwidth
         estimate, the cloud's reports, :meth:`observe_overhead`); a transfer too small to be a
         sample (a 4 KB JPEG) is compared with the whole prediction, its link's slowness seen
-        nowhere else. Taken
-        against the whole prediction, a frame the link slowed as it fell (a trace's 2 -> 0.4
-        Mbit/s) took 1.2 s against 0.2 predicted, and that residual held the cloud off for 13
-        frames after the link came back (session 20), on top of the estimate that had fallen.
+        nowhere else. Taken against the whole prediction, a frame the link slowed as it fell (a
+        trace's 2 -> 0.4 Mbit/s) took 1.2 s against 0.2 predicted, and that residual held the
+        cloud off for 13 frames after the link came back (session 20), on top of the estimate
+        that had fallen.
         Its first ``cold_frames`` frames are not counted; a ``raced`` frame is an upper bound (it
         shared the device with the whole model's run)."""
         self._seen_total[i] += 1
@@ -395,9 +395,9 @@ class Controller:
                       load: DeviceLoad | None = None, fade: bool = False) -> tuple[list[float], list[float]]:
         """The predictions, and the model's part of them (before a candidate's measured residual
         and the device's load), which :meth:`observe_total` compares a frame's real time with
-        where the link's time was not a bandwidth sample. ``fade``: evidence not refreshed lately (device times, overheads, residuals) weighs less and
-        less — the view exploration takes (:meth:`choose`); the standing choice trusts it until
-        the candidate is measured again."""
+        where the link's time was not a bandwidth sample. ``fade``: evidence not refreshed lately
+        (device times, overheads, residuals) weighs less and less — the view exploration takes
+        (:meth:`choose`); the standing choice trusts it until the candidate is measured again."""
         results = self.result_bytes()
         now = time.monotonic() if now is None else now
         edge = self.edge_ms(now, fade)
