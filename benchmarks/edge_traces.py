@@ -211,7 +211,8 @@ def trim(r: dict) -> dict:
 
 async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
                      parallel: int, tmp: Path, cpu: dict[str, float], full: Path | None = None,
-                     key: str = "") -> dict[str, list[dict]]:
+                     key: str = "", spans: dict[str, tuple[float, float]] | None = None) -> dict[str, list[dict]]:
+    spans = {} if spans is None else spans  # strategy -> (start, end), wall clock
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
 
@@ -220,7 +221,9 @@ async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: st
             slot = slots.pop()
             try:
                 out = tmp / f"{device}.{s}.jsonl"
+                t0 = time.time()
                 recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out, cpu)
+                spans[s] = (t0, time.time())
                 if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
                     (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())
                 return s, [trim(r) for r in recs]
@@ -473,6 +476,7 @@ def main() -> None:
         cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
                                   "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=_cloud_first)
+        probe = MachineProbe()
         try:
             text = ""
             while "serving" not in text:
@@ -492,8 +496,9 @@ def main() -> None:
                 # stream: on a 2-core machine more than two side by side starve each other and the cloud
                 par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
                 cpu: dict[str, float] = {}
+                spans: dict[str, tuple[float, float]] = {}
                 recs = asyncio.run(run_regime(plan_dir, port, regime, device, order, par, Path(tmp), cpu,
-                                              args.full_records, key))
+                                              args.full_records, key, spans))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
                     with gzip.open(RECORDS / f"{_safe(key)}.{s}.jsonl.gz", "wt") as f:
@@ -502,10 +507,14 @@ def main() -> None:
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
                                         "order": order, "cpu_ms_per_frame": cpu,
+                                        "machine_probe_ms": probe.during(spans),
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
                                                              _half_window(device))}
+                print(f"{key}: machine probe ms while each strategy ran (higher: a slower machine): "
+                      f"{results['runs'][key]['machine_probe_ms']}")
                 finish(results)  # after every regime: a stopped run keeps what it measured
         finally:
+            probe.close()
             cloud.terminate()
             cloud.wait(30)
     finish(results)
@@ -516,6 +525,49 @@ def _cloud_first() -> None:
         os.nice(-10)
     except OSError:  # not root: the cloud shares the CPU alike (said by its compute times)
         pass
+
+
+class MachineProbe:
+    """How fast this machine is, over time: a process at full speed times the same few ms of
+    pure-Python work every 5 s (the fastest of three tries). Strategies run one after another meet the machine at different
+    times, and on a shared virtual machine its speed drifts by more than the effects measured
+    (session 20: the all-edge strategy's device time went from ~360 to ~465 ms a frame half way
+    through one 120-s run, with this machine's own load at 0.3 core and no steal time reported).
+    Each run records the probe's median during each strategy (``machine_probe_ms``): strategies
+    that met a slower machine are seen, not guessed."""
+
+    CODE = ("import time\n"
+            "def work():\n"
+            "    t = time.perf_counter(); x = 0\n"
+            "    for k in range(200000): x += k * k\n"
+            "    return (time.perf_counter() - t) * 1e3\n"
+            "while True:\n"  # the fastest of three: the machine's speed, less a moment's contention
+            "    print(time.time(), min(work() for _ in range(3)), flush=True)\n"
+            "    time.sleep(5)\n")
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            at, ms = line.split()
+            self.samples.append((float(at), float(ms)))
+
+    def during(self, spans: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """Per strategy, the probe's median ms while it ran (nan: no sample)."""
+        out = {}
+        for s, (t0, t1) in spans.items():
+            xs = [ms for at, ms in list(self.samples) if t0 <= at <= t1]
+            out[s] = round(statistics.median(xs), 2) if xs else math.nan
+        return out
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def _half_window(device: str) -> int:
