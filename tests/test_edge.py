@@ -554,7 +554,7 @@ def test_a_raced_device_time_is_an_upper_bound(yolo_plan):
 def test_the_controllers_quantiles_are_numpys():
     """The controller's statistics run in plain Python (numpy's per-call cost dominated them on a
     small device); they must give numpy's (linear) quantiles."""
-    from splitinfer.edge.controller import _quantile
+    from splitinfer.edge.evidence import quantile as _quantile
 
     rng = np.random.default_rng(0)
     for n in range(1, 10):
