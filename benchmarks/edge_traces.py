@@ -212,7 +212,8 @@ def trim(r: dict) -> dict:
 async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
                      parallel: int, tmp: Path, cpu: dict[str, float], full: Path | None = None,
                      key: str = "", spans: dict[str, tuple[float, float]] | None = None) -> dict[str, list[dict]]:
-    spans = {} if spans is None else spans  # strategy -> (start, end), wall clock
+    """The strategies' records; ``cpu`` and ``spans`` (strategy -> (start, end), wall clock) are filled in."""
+    spans = {} if spans is None else spans
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
 
@@ -284,13 +285,11 @@ def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0
     oracle = [min(records[s][k]["ms"] for s in statics if len(records[s]) > k) for k in range(min(n, reach))]
     if not oracle:
         oracle = [math.nan]
-    per["oracle"] = {"mean_ms": float(np.mean(oracle)), "p50_ms": float(np.percentile(oracle, 50)),
-                     "p99_ms": float(np.percentile(oracle, 99)), "bytes_per_frame": math.nan, "fallbacks": 0,
-                     "frames": len(oracle)}
     cond = conditions_oracle([[r["ms"] for r in records[s]] for s in statics], min(n, reach), half_window)
-    per["oracle_conditions"] = {"mean_ms": float(np.mean(cond)), "p50_ms": float(np.percentile(cond, 50)),
-                                "p99_ms": float(np.percentile(cond, 99)), "bytes_per_frame": math.nan,
-                                "fallbacks": 0, "frames": len(cond)}
+    for name_, xs in (("oracle", oracle), ("oracle_conditions", cond)):
+        per[name_] = {"mean_ms": float(np.mean(xs)), "p50_ms": float(np.percentile(xs, 50)),
+                      "p99_ms": float(np.percentile(xs, 99)), "bytes_per_frame": math.nan, "fallbacks": 0,
+                      "frames": len(xs)}
     complete = [s for s in statics if not per[s]["fell_behind"]] or statics
     best = min(complete, key=lambda s: per[s]["mean_ms"])
     ad, bs, orc = per["adaptive"]["mean_ms"], per[best]["mean_ms"], per["oracle"]["mean_ms"]
