@@ -106,7 +106,10 @@ class EdgeAgent:
         self.controller = Controller(cm, policy=policy, latency_budget_ms=latency_budget_ms)
         if self.postprocess:  # results will be post-processed (e.g. detections): small
             self.controller.result_prior = [0.0 if c.local else _POSTPROCESSED_BYTES for c in self.plan.candidates]
-        self.monitor = monitor or BandwidthMonitor()
+        # the controller compares expected latencies: it plans with the measured rate itself, not a
+        # share of it (a safety factor made every cloud frame's prediction ~5 % too long on the
+        # uplink traces, and edge frames won the close calls; a frame the link fails is hedged)
+        self.monitor = monitor or BandwidthMonitor(safety=1.0)
         self.breaker = CircuitBreaker(max_cooldown_s=4.0)
         # emulate_slowdown: see OrtBackend (a fast machine standing in for a slow device)
         self.device = Device(threads=threads, emulate_slowdown=emulate_slowdown, max_jobs=self.max_inflight + 1)
@@ -402,6 +405,10 @@ class EdgeAgent:
             self.controller.observe_edge(i, timings["edge_ms"])
         if cand.local:
             outputs = self._finish(cand.finish({}, eout, self.plan.output_names))
+            # what the frame took beyond its device time, as remote frames' residuals are kept
+            # (post-processing runs here for a local frame, in the cloud for a remote one)
+            took_ms = (time.perf_counter() - started) * 1e3 - device_wait_ms
+            self.controller.observe_total(i, took_ms, model[i])
             timings["total_ms"] = (time.perf_counter() - t0) * 1e3
             return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore,
                                conditions=conditions)
