@@ -442,9 +442,9 @@ class EdgeAgent:
             outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
                                              priority=index)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
-            network_ms = outcome.network_ms
+            network_ms, late = outcome.network_ms, outcome.late
         else:
-            result, sent, network_ms = await local(), 0, math.nan
+            result, sent, network_ms, late = await local(), 0, math.nan, False
             reason = "circuit open" if self.connected else (self.link.why_not() if self.link is not None
                                                             else "no cloud configured")
         closed = True
@@ -466,6 +466,9 @@ class EdgeAgent:
             self.controller.observe_total(i, took_ms, expected, raced=race)
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
+        if late:  # the cloud had not answered when the device had: it takes at least this long
+            took_ms = (time.perf_counter() - started) * 1e3 - device_wait_ms
+            self.controller.observe_total(i, took_ms, model[i], lower_bound=True)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,
                            fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore,
                            conditions=conditions)

@@ -50,6 +50,10 @@ class Outcome:
     sent: int  # bytes put on the wire
     reason: str | None  # None: the cloud answered; else why the frame was finished on the device
     network_ms: float = math.nan  # the cloud answered: from sending the request to its reply (see call)
+    # finished on the device while the cloud was still on its way, the candidate's second such frame
+    # in a row, and too small to be a bandwidth sample: what the frame took is a lower bound on
+    # the candidate (see RemoteCall.late_in_row)
+    late: bool = False
 
 
 class RemoteCall:
@@ -66,6 +70,13 @@ class RemoteCall:
         self._inflight: dict[int, tuple[float, int, float]] = {}
         self.hedges = 0  # hedges started on the device
         self.hedges_declined = 0  # hedge checks where the device would not have been sooner
+        # per candidate, its frames in a row the device finished first while the cloud had not
+        # answered (an answer in time ends the row). A small frame's transfer is no bandwidth
+        # sample, so a link that falls under small frames shows nowhere else: at 0.2 Mbit/s,
+        # 4 KB frames were hedged 7-12 frames in a row before the estimate, fed only by probes,
+        # fell enough (session 21). One late frame can be a stall; two in a row are the link.
+        self.late_in_row = [0] * len(plan.candidates)
+        self.late_row = 2
 
     @property
     def inflight_bytes(self) -> int:
@@ -193,10 +204,12 @@ class RemoteCall:
                 rate = min(wire_bytes * 8 / elapsed_s / 1e6, self.monitor.raw_mbps() / 2)
                 self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
                 fut.add_done_callback(functools.partial(self._late_reply, wire_bytes))
+                self.late_in_row[i] += 1
             else:
                 self.link.forget(rid)
             out = await (fallback if fallback is not None else local())
-            return Outcome(out, wire_bytes if sent else 0, reason)
+            late = not failed and self.late_in_row[i] >= self.late_row and wire_bytes < self.monitor.min_sample_bytes
+            return Outcome(out, wire_bytes if sent else 0, reason, late=late)
         reply, arrived = remote.result()
         if isinstance(reply, wire.Error):
             self.breaker.failure(time.monotonic())
@@ -210,6 +223,7 @@ class RemoteCall:
             return Outcome(await (fallback or local()), wire_bytes, f"bad reply from the cloud: {exc}")
         if fallback is not None and not race:
             fallback.cancel()  # not started yet: dropped; running: its result is ignored
+        self.late_in_row[i] = 0
         # (racing, the device's run goes on: its time is the measurement the race was for)
         sampled = self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings, raced=race)
         # the network's time, where the bandwidth estimate took this transfer as a sample (it has

@@ -124,10 +124,37 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
     assert settled != "edge", fast  # 50 Mbit/s: something goes to the cloud
     deeper = [work[c] > work[settled] for c in slow]
     assert all(deeper[-3:]), slow  # 0.2 Mbit/s: the cut has moved toward the edge...
-    # ...within a few frames (alone: within 8; once under the full suite's load on 2 cores, session
-    # 20, it took 12 - the cause not established: see issue 11's session-20 note)
-    assert deeper.index(True) <= 12, slow
+    # ...within a few frames: the 4 KB frames are no bandwidth samples, and the link's fall was
+    # seen only as the estimate, fed by probes, came down (3-12 frames, session 21); now two
+    # frames in a row the device finished first say the cloud takes at least that long
+    assert deeper.index(True) <= 3, slow
+    assert settled not in slow[2:], slow  # (before: the cloud 5-7 frames, or back to it after one on the edge)
     assert work[back[-1]] < work[slow[-1]], back  # and back when the link recovers
+
+
+def test_one_stalled_frame_does_not_move_the_choice(yolo_plan):
+    """One frame the device finishes first can be a stall (the link held it for a moment); only a
+    second in a row is taken as the candidate's news (test_the_cut_follows_the_bandwidth)."""
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with service(yolo_plan) as svc:
+            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", codec="int8+lz4",
+                                     emulate_slowdown=SLOW) as ag:
+                    ag.controller.explore_every_s = 1e9  # (no exploring frame in the way)
+                    before = [await ag.infer(random_feeds(plan.inputs, seed=k)) for k in range(30)]
+                    emu.outage(0.3)
+                    until = time.monotonic() + 0.3
+                    stalled = await ag.infer(random_feeds(plan.inputs, seed=40))
+                    await asyncio.sleep(max(until - time.monotonic(), 0.0))  # the link is back
+                    after = [await ag.infer(random_feeds(plan.inputs, seed=50 + k)) for k in range(6)]
+                    return before, stalled, after
+    before, stalled, after = arun(main(), timeout=90)
+    settled = collections.Counter(r.candidate for r in before[-5:]).most_common(1)[0][0]
+    assert settled != "edge" and stalled.candidate == settled
+    assert stalled.fallback and "later than" in stalled.fallback_reason, stalled.fallback_reason
+    assert [r.candidate for r in after] == [settled] * 6, [(r.candidate, r.fallback_reason) for r in after]
 
 
 def test_exploring_between_cloud_and_edge_races_them(yolo_plan):
