@@ -168,8 +168,9 @@ class Controller:
         device's load): the difference, over a candidate's recent frames, corrects what the model
         does not see. A local frame's is what follows its device time (post-processing, which a
         remote frame's cloud does for it: on the uplink traces edge frames took 2-3 % longer
-        than predicted, and won the close calls they should have lost). Where the bandwidth estimate took the frame's transfer as a sample, the
-        agent gives the model's device time (segment and encoding) plus the frame's network time
+        than predicted, and won the close calls they should have lost). Where the bandwidth
+        estimate took the frame's transfer as a sample, the agent gives the model's device time
+        (segment and encoding) plus the frame's network time
         as it really was (request to reply), so the residual is the device side's unmodelled cost
         (scheduling, decoding, the loop): the network has its own evidence (the bandwidth
         estimate, the cloud's reports, :meth:`observe_overhead`); a transfer too small to be a
