@@ -397,6 +397,10 @@ class EdgeAgent:
         edge_expect = self.controller.edge_ms()[i]
         started = time.perf_counter()
         device_wait_ms = 0.0  # what this frame waited for the device (the load term's part, not the model's)
+
+        def own_ms() -> float:  # the frame's time so far, less its wait for the device (see observe_total)
+            return (time.perf_counter() - started) * 1e3 - device_wait_ms
+
         if cand.edge is not None:
             eout, timings["edge_ms"] = await self.device.run(str(self.plan.file(cand.edge)),
                                                              {k: inputs[k] for k in cand.edge.inputs}, edge_expect,
@@ -407,8 +411,7 @@ class EdgeAgent:
             outputs = self._finish(cand.finish({}, eout, self.plan.output_names))
             # what the frame took beyond its device time, as remote frames' residuals are kept
             # (post-processing runs here for a local frame, in the cloud for a remote one)
-            took_ms = (time.perf_counter() - started) * 1e3 - device_wait_ms
-            self.controller.observe_total(i, took_ms, model[i])
+            self.controller.observe_total(i, own_ms(), model[i])
             timings["total_ms"] = (time.perf_counter() - t0) * 1e3
             return FrameResult(index, outputs, cand.id, "edge", None, 0, timings, predicted_ms=pred, explore=explore,
                                conditions=conditions)
@@ -461,14 +464,12 @@ class EdgeAgent:
             # that fell is the estimate's news, not the candidate's), else beyond the prediction;
             # a raced frame shared the device with the whole model's run: an upper bound, which is
             # how a candidate held off by stale evidence is measured again
-            took_ms = (time.perf_counter() - started) * 1e3 - device_wait_ms
             expected = edge_expect + network_ms if math.isfinite(network_ms) else model[i]
-            self.controller.observe_total(i, took_ms, expected, raced=race)
+            self.controller.observe_total(i, own_ms(), expected, raced=race)
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
         if late:  # the cloud had not answered when the device had: it takes at least this long
-            took_ms = (time.perf_counter() - started) * 1e3 - device_wait_ms
-            self.controller.observe_total(i, took_ms, model[i], lower_bound=True)
+            self.controller.observe_total(i, own_ms(), model[i], lower_bound=True)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,
                            fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore,
                            conditions=conditions)

@@ -82,6 +82,17 @@ def test_results_match_the_whole_model_for_every_pinned_candidate(yolo_plan):
                 assert err <= 0.05 * (np.abs(w[name]).max() + 1), (cid, codec, err)
 
 
+@contextlib.asynccontextmanager
+async def adaptive_agent_behind_link(plan_dir, plan):
+    """A cloud service behind a 50 Mbit/s emulated link and an adaptive agent on a device SLOW
+    times slower than this machine."""
+    async with service(plan_dir) as svc:
+        async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+            async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", codec="int8+lz4",
+                                 emulate_slowdown=SLOW) as ag:
+                yield emu, ag
+
+
 def log_slow_last(log):
     slow = [c for p, c, _ in log if p == "slow"]
     return slow[-1] if slow else None
@@ -91,29 +102,26 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
     plan = Plan.load(yolo_plan)
 
     async def main():
-        async with service(yolo_plan) as svc:
-            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
-                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", codec="int8+lz4",
-                                     emulate_slowdown=SLOW) as ag:
-                    log = []
-                    phase = "fast"
-                    t_phase = time.monotonic()
-                    k = 0
-                    while True:
-                        r = await ag.infer(random_feeds(plan.inputs, seed=k))
-                        k += 1
-                        if r.explore:  # a frame re-measuring another candidate says nothing of the choice
-                            continue
-                        log.append((phase, r.candidate, r.placement))
-                        elapsed = time.monotonic() - t_phase
-                        if phase == "fast" and elapsed > 4:
-                            phase, t_phase = "slow", time.monotonic()
-                            emu.set_rate(0.2)  # the all-cloud JPEG of a 64x64 noise frame (4.3 KB): ~200 ms; at 1 Mbit/s it rivals the edge
-                        elif phase == "slow" and elapsed > 5:
-                            phase, t_phase = "back", time.monotonic()
-                            emu.set_rate(50)
-                        elif phase == "back" and (elapsed > 15 or (elapsed > 2 and log[-1][1] != log_slow_last(log))):
-                            return log
+        async with adaptive_agent_behind_link(yolo_plan, plan) as (emu, ag):
+            log = []
+            phase = "fast"
+            t_phase = time.monotonic()
+            k = 0
+            while True:
+                r = await ag.infer(random_feeds(plan.inputs, seed=k))
+                k += 1
+                if r.explore:  # a frame re-measuring another candidate says nothing of the choice
+                    continue
+                log.append((phase, r.candidate, r.placement))
+                elapsed = time.monotonic() - t_phase
+                if phase == "fast" and elapsed > 4:
+                    phase, t_phase = "slow", time.monotonic()
+                    emu.set_rate(0.2)  # the all-cloud JPEG of a 64x64 noise frame (4.3 KB): ~200 ms; at 1 Mbit/s it rivals the edge
+                elif phase == "slow" and elapsed > 5:
+                    phase, t_phase = "back", time.monotonic()
+                    emu.set_rate(50)
+                elif phase == "back" and (elapsed > 15 or (elapsed > 2 and log[-1][1] != log_slow_last(log))):
+                    return log
     log = arun(main(), timeout=90)
     fast = [c for p, c, _ in log if p == "fast"]
     slow = [c for p, c, _ in log if p == "slow"]
@@ -138,18 +146,15 @@ def test_one_stalled_frame_does_not_move_the_choice(yolo_plan):
     plan = Plan.load(yolo_plan)
 
     async def main():
-        async with service(yolo_plan) as svc:
-            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
-                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", codec="int8+lz4",
-                                     emulate_slowdown=SLOW) as ag:
-                    ag.controller.explore_every_s = 1e9  # (no exploring frame in the way)
-                    before = [await ag.infer(random_feeds(plan.inputs, seed=k)) for k in range(30)]
-                    emu.outage(0.3)
-                    until = time.monotonic() + 0.3
-                    stalled = await ag.infer(random_feeds(plan.inputs, seed=40))
-                    await asyncio.sleep(max(until - time.monotonic(), 0.0))  # the link is back
-                    after = [await ag.infer(random_feeds(plan.inputs, seed=50 + k)) for k in range(6)]
-                    return before, stalled, after
+        async with adaptive_agent_behind_link(yolo_plan, plan) as (emu, ag):
+            ag.controller.explore_every_s = 1e9  # (no exploring frame in the way)
+            before = [await ag.infer(random_feeds(plan.inputs, seed=k)) for k in range(30)]
+            emu.outage(0.3)
+            until = time.monotonic() + 0.3
+            stalled = await ag.infer(random_feeds(plan.inputs, seed=40))
+            await asyncio.sleep(max(until - time.monotonic(), 0.0))  # the link is back
+            after = [await ag.infer(random_feeds(plan.inputs, seed=50 + k)) for k in range(6)]
+            return before, stalled, after
     before, stalled, after = arun(main(), timeout=90)
     settled = collections.Counter(r.candidate for r in before[-5:]).most_common(1)[0][0]
     assert settled != "edge" and stalled.candidate == settled
