@@ -78,7 +78,9 @@ class EdgeAgent:
     ``tls://host:port``, ``webrtc://host:port`` (the cloud's HTTP port), or None (all local).
     ``candidate`` pins one cut (an id, or ``edge``/``cloud``) instead of adapting.
     ``postprocess`` (e.g. ``"yolo"``) is the output format of every frame, agreed with the cloud
-    at hello: detections whether a frame ran on the device, split or in the cloud."""
+    at hello: detections whether a frame ran on the device, split or in the cloud. ``fps`` is the
+    camera's frame rate for callers that feed :meth:`infer` from a camera themselves (a paced
+    :meth:`stream` says it itself): the controller charges a candidate that cannot keep it."""
 
     def __init__(self, plan: Plan | str, cloud: str | None = "auto", *, token: str | None = None,
                  codec: str = "fp16", input_codec: str | None = None, policy: str = "latency",
@@ -86,11 +88,14 @@ class EdgeAgent:
                  postprocess: str | None = None, threads: int | None = None, edge_slowdown: float = 1.0,
                  monitor: BandwidthMonitor | None = None, connect_timeout_s: float = 5.0,
                  cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0,
-                 downlink_mbps: float | None = None, warmup: bool = True, jpeg_quality: int = 90) -> None:
+                 downlink_mbps: float | None = None, warmup: bool = True, jpeg_quality: int = 90,
+                 fps: float | None = None) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         if not 1 <= jpeg_quality <= 95:
             raise SplitinferError(f"jpeg_quality must be 1-95, got {jpeg_quality}")
         self.jpeg_quality = jpeg_quality
+        if fps is not None and not (math.isfinite(fps) and fps > 0):
+            raise SplitinferError(f"fps must be a positive number, got {fps}")
         self._pixels = {t.name: t.pixels for t in self.plan.inputs if t.pixels is not None}
         if postprocess and postprocess not in POSTPROCESSORS:
             raise SplitinferError(f"postprocess must be one of {sorted(POSTPROCESSORS)}, got {postprocess!r}")
@@ -116,8 +121,8 @@ class EdgeAgent:
         self.link = CloudLink(self.plan, cloud, monitor=self.monitor, token=token, cafile=cafile, client_id=client_id,
                               connect_timeout_s=connect_timeout_s, postprocess=self.postprocess,
                               on_pong=self._on_pong) if cloud is not None else None
-        self.remote = RemoteCall(self.plan, self.link, self.controller, self.monitor, self.breaker,
-                                 self.device) if self.link is not None else None
+        self.remote = RemoteCall(self.plan, self.link, self.controller, self.monitor, self.breaker, self.device,
+                                 downlink_mbps=downlink_mbps) if self.link is not None else None
         self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
         # even while they are not used, since encoding an image costs a few ms on any device
@@ -134,8 +139,14 @@ class EdgeAgent:
         self._frames = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self._last_capture: float | None = None
-        self.frame_interval_ms = math.nan  # between frames' captures (EWMA): the device's steady load
+        # the camera's interval between frames (the device's steady load): known from the rate a
+        # stream is paced at (stream(fps=...)) or told (fps=...). Not measured from arrivals: a
+        # caller that waits for each result (infer() in a loop, an unpaced stream, whose backpressure
+        # holds the source) sends the next frame when the last is done, so the gaps are the agent's
+        # own pace - a slower candidate then always looked unable to keep up (at 20 ms a frame the
+        # all-edge candidate's 100 ms was charged ~1 s of backlog that could never build)
+        self.fps = fps
+        self.frame_interval_ms = 1e3 / fps if fps else math.nan
 
     def _resolve(self, cid: str) -> int:
         ids = [c.id for c in self.plan.candidates]
@@ -301,15 +312,6 @@ class EdgeAgent:
         faster = self.controller.predict(bw * 4, rtt, **common)
         return int(np.argmin(faster)) != int(np.argmin(preds))
 
-    def _note_capture(self, t0: float) -> None:
-        if self._last_capture is not None:
-            gap = (t0 - self._last_capture) * 1e3
-            if 0 < gap < 10_000:
-                a = 0.2
-                self.frame_interval_ms = gap if math.isnan(self.frame_interval_ms) else \
-                    (1 - a) * self.frame_interval_ms + a * gap
-        self._last_capture = t0
-
     # ------------------------------------------------------------------ frames
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> FrameResult:
         """One frame. Never raises for cloud trouble: the frame is finished locally instead."""
@@ -348,7 +350,6 @@ class EdgeAgent:
                              captured: float | None = None) -> FrameResult:
         # latency counts from the frame's capture (time waiting for a free pipeline slot included)
         t0 = captured if captured is not None else time.perf_counter()
-        self._note_capture(t0)
         now = time.monotonic()
         encoded: dict[int, dict[str, Encoded]] = {}
         if self.pinned is None:
@@ -445,9 +446,9 @@ class EdgeAgent:
             outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
                                              priority=index)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
-            network_ms, late = outcome.network_ms, outcome.late
+            network_ms = outcome.network_ms
         else:
-            result, sent, network_ms, late = await local(), 0, math.nan, False
+            result, sent, network_ms = await local(), 0, math.nan
             reason = "circuit open" if self.connected else (self.link.why_not() if self.link is not None
                                                             else "no cloud configured")
         closed = True
@@ -468,8 +469,6 @@ class EdgeAgent:
             self.controller.observe_total(i, own_ms(), expected, raced=race)
             return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "cloud", sent, timings,
                                predicted_ms=pred, explore=explore, batch_size=batch, conditions=conditions)
-        if late:  # the cloud had not answered when the device had: it takes at least this long
-            self.controller.observe_total(i, own_ms(), model[i], lower_bound=True)
         return FrameResult(index, outputs, cand.id, "edge" if cand.edge else None, "edge", sent, timings,
                            fallback=True, fallback_reason=reason, predicted_ms=pred, explore=explore,
                            conditions=conditions)
@@ -478,10 +477,17 @@ class EdgeAgent:
                      *, fps: float | None = None) -> AsyncIterator[FrameResult]:
         """Results for ``frames`` in order; frame n+1 runs its edge segment while frame n is on the
         wire, at most ``max_inflight`` frames at a time (backpressure). With ``fps`` the source is
-        paced like a camera and a frame's latency counts from its scheduled capture
-        (:func:`splitinfer.edge.pipeline.pipeline`)."""
+        paced like a camera, a frame's latency counts from its scheduled capture
+        (:func:`splitinfer.edge.pipeline.pipeline`), and the controller plans for that rate (a
+        candidate the device cannot keep it with builds a backlog)."""
         def process(frame: Mapping[str, np.ndarray], captured: float) -> Awaitable[FrameResult]:
             return self._process(next(self._frames), frame, captured)  # numbered as it is taken
 
-        async for r in pipeline(process, frames, max_inflight=self.max_inflight, fps=fps):
-            yield r
+        before = self.frame_interval_ms
+        if fps:
+            self.frame_interval_ms = 1e3 / fps
+        try:
+            async for r in pipeline(process, frames, max_inflight=self.max_inflight, fps=fps):
+                yield r
+        finally:
+            self.frame_interval_ms = before

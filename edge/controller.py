@@ -162,7 +162,7 @@ class Controller:
         self._overhead[i].add(ms, time.monotonic() if now is None else now, upper_bound=raced)
 
     def observe_total(self, i: int, measured_ms: float, base_ms: float, now: float | None = None,
-                      raced: bool = False, lower_bound: bool = False) -> None:
+                      raced: bool = False) -> None:
         """A frame's own time on this side (from its start to its result, less any wait for the
         device) against what the model expected of it (``base_ms``, without this residual or the
         device's load): the difference, over a candidate's recent frames, corrects what the model
@@ -180,13 +180,11 @@ class Controller:
         cloud off for 13 frames after the link came back (session 20), on top of the estimate
         that had fallen.
         Its first ``cold_frames`` frames are not counted; a ``raced`` frame is an upper bound (it
-        shared the device with the whole model's run); a ``lower_bound`` one is a frame the device
-        finished while the cloud was still on its way, again (see ``RemoteCall.late_in_row``)."""
+        shared the device with the whole model's run)."""
         self._seen_total[i] += 1
         if self._seen_total[i] <= self.cold_frames or not math.isfinite(measured_ms - base_ms):
             return
-        self._residual[i].add(measured_ms - base_ms, time.monotonic() if now is None else now, upper_bound=raced,
-                              lower_bound=lower_bound)
+        self._residual[i].add(measured_ms - base_ms, time.monotonic() if now is None else now, upper_bound=raced)
 
     def observe_result(self, i: int, nbytes: int) -> None:
         self._result[i].add(nbytes)

@@ -105,16 +105,13 @@ class Runs:
         self._xs: deque[tuple[float, float]] = deque(maxlen=9)
         self._fresh = False  # the current run restarted after a pause: one sample is enough
 
-    def add(self, ms: float, now: float, upper_bound: bool = False, lower_bound: bool = False) -> None:
+    def add(self, ms: float, now: float, upper_bound: bool = False) -> None:
         """One sample. ``upper_bound``: the frame shared the device with other work (a race), so
         the candidate alone takes at most this long: it replaces evidence that says more, and is
-        ignored otherwise (taken as it is, one slowed race would hold a candidate off).
-        ``lower_bound``: the candidate takes at least this long (its frame was not answered by
-        then): it replaces evidence that says less, and is ignored otherwise."""
-        if upper_bound or lower_bound:
+        ignored otherwise (taken as it is, one slowed race would hold a candidate off)."""
+        if upper_bound:
             v = self.value(now)
-            news = (v is not None and ms < v) if upper_bound else (v is None or ms > v)
-            if not news:
+            if v is None or ms >= v:
                 return
             self._xs.clear()
             self._fresh = True

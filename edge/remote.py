@@ -40,8 +40,19 @@ log = logging.getLogger(__name__)
 RACE_LOST = "raced: the device was first"  # an exploring frame the device finished first (not a fault)
 DEADLINE_S = 3.0  # the longest a frame waits for the cloud, whatever the prediction
 _MIN_WAIT_S = 0.03  # the shortest a frame waits before the device may start on it too
+_GIVE_UP_S = 2 * DEADLINE_S  # a frame unanswered this long no longer counts as in flight
 
 Outputs = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A frame sent to the cloud and not yet answered."""
+
+    at: float  # when it was sent (perf_counter)
+    up: int  # its bytes on the uplink
+    back: int  # the result's bytes the link is expected to carry back (0: a downlink of its own)
+    rest_ms: float  # what its answer needs besides the link: the base RTT, the cloud's queue and compute
 
 
 @dataclass
@@ -50,10 +61,6 @@ class Outcome:
     sent: int  # bytes put on the wire
     reason: str | None  # None: the cloud answered; else why the frame was finished on the device
     network_ms: float = math.nan  # the cloud answered: from sending the request to its reply (see call)
-    # finished on the device while the cloud was still on its way, the candidate's second such frame
-    # in a row, and too small to be a bandwidth sample: what the frame took is a lower bound on
-    # the candidate (see RemoteCall.late_in_row)
-    late: bool = False
 
 
 class RemoteCall:
@@ -61,47 +68,56 @@ class RemoteCall:
 
     def __init__(self, plan: Plan, link: CloudLink, controller: Controller, monitor: BandwidthMonitor,
                  breaker: CircuitBreaker, device: Device, *, hedge_factor: float = 1.3,
-                 hedge_margin_ms: float = 30.0) -> None:
+                 hedge_margin_ms: float = 30.0, downlink_mbps: float | None = None) -> None:
         self.plan, self.link, self.controller, self.monitor = plan, link, controller, monitor
         self.breaker, self.device = breaker, device
         self.hedge_factor, self.hedge_margin_ms = hedge_factor, hedge_margin_ms
-        # sent to the cloud, not yet answered: request id -> (sent at, bytes, predicted ms for the rest:
-        # the base RTT, the cloud's queue and compute)
-        self._inflight: dict[int, tuple[float, int, float]] = {}
+        # None: results come back over the uplink's rate, as the cost model assumes unless told
+        self.downlink_mbps = downlink_mbps
+        # sent to the cloud, not yet answered, by request id. A frame the device finished first stays
+        # here until its reply (or its failure) lands: its bytes are still on the link, ahead of
+        # every later frame, and its silence bounds the link's rate (rate_bound_mbps). A small
+        # frame's transfer is no bandwidth sample, so a link that falls under small frames showed
+        # nowhere else: at 0.2 Mbit/s, 4 KB frames were hedged 3-12 frames in a row before the
+        # estimate, fed only by probes, fell enough (sessions 20-21).
+        self._inflight: dict[int, _Sent] = {}
         self.hedges = 0  # hedges started on the device
         self.hedges_declined = 0  # hedge checks where the device would not have been sooner
-        # per candidate, its frames in a row the device finished first while the cloud had not
-        # answered (an answer in time ends the row). A small frame's transfer is no bandwidth
-        # sample, so a link that falls under small frames shows nowhere else: at 0.2 Mbit/s,
-        # 4 KB frames were hedged 7-12 frames in a row before the estimate, fed only by probes,
-        # fell enough (session 21). One late frame can be a stall; two in a row are the link.
-        self.late_in_row = [0] * len(plan.candidates)
-        self.late_row = 2
 
     @property
     def inflight_bytes(self) -> int:
         """Bytes sent to the cloud and not yet answered."""
-        return sum(n for _, n, _ in self._inflight.values())
+        return sum(f.up for f in self._inflight.values())
+
+    def _unanswered(self, now: float) -> list[_Sent]:
+        """The frames in flight, less any unanswered for longer than ``_GIVE_UP_S`` (by then the
+        cloud has dropped it past its deadline, or the link is down, which the breaker and the
+        reconnect handle): those are forgotten."""
+        for rid in [r for r, f in self._inflight.items() if now - f.at > _GIVE_UP_S]:
+            del self._inflight[rid]
+        return sorted(self._inflight.values(), key=lambda f: f.at)
 
     def sends_in_flight(self) -> list[tuple[float, int]]:
         """(seconds since sent, bytes) of each frame not yet answered (see ``queued_bytes``)."""
         now = time.perf_counter()
-        return [(now - at, n) for at, n, _ in self._inflight.values()]
+        return [(now - f.at, f.up) for f in self._unanswered(now)]
 
     def rate_bound_mbps(self, now: float | None = None) -> float:
         """What overdue frames say of the link, as unanswered probes do: since the oldest frame in
-        flight was sent, the link carried less than the bytes of the frames still unanswered, once
-        their RTT and cloud time are allowed for (inf while none is overdue). A link that drops
-        under frames in flight is noticed while they are still on the wire, not when they land."""
-        if not self._inflight:
-            return math.inf
+        flight was sent, the link carried less than the bytes of the frames still unanswered, their
+        results' way back included, once their RTT and cloud time are allowed for (inf while none is
+        overdue). A link that drops under frames in flight is noticed while they are still on the
+        wire, not when they land. (Without the results: a 4 KB JPEG whose 28 KB of raw outputs
+        came back over the same 0.2 Mbit/s link put the bound at 0.01.)"""
         now = time.perf_counter() if now is None else now
-        items = sorted(self._inflight.values())
-        first = items[0][0]
+        items = self._unanswered(now)
+        if not items:
+            return math.inf
+        first = items[0].at
         total, bound = 0, math.inf
-        for _, nbytes, rest_ms in items:
-            total += nbytes
-            waited_s = now - first - rest_ms / 1e3
+        for f in items:
+            total += f.up + f.back
+            waited_s = now - first - f.rest_ms / 1e3
             if waited_s > _MIN_WAIT_S:
                 bound = min(bound, total * 8 / waited_s / 1e6)
         return bound
@@ -152,7 +168,11 @@ class RemoteCall:
         remote.add_done_callback(consume)
         fallback: asyncio.Future[Outputs] | None = None
         rest_ms = 1.5 * (self.monitor.min_rtt_ms() + self.controller.cloud_ms()[i] + self.controller.queue_ms()) + 30.0
-        self._inflight[rid] = (sent_at, wire_bytes, rest_ms)
+        back = int(self.controller.result_bytes()[i])
+        if self.downlink_mbps is not None:  # the result comes back at a rate of its own
+            rest_ms, back = rest_ms + back * 8 / (self.downlink_mbps * 1e3), 0
+        self._inflight[rid] = _Sent(sent_at, wire_bytes, back, rest_ms)
+        fut.add_done_callback(lambda _: self._inflight.pop(rid, None))  # answered, failed or given up on
         reason: str | None = None
         try:
             if race:
@@ -179,12 +199,11 @@ class RemoteCall:
                 exc = remote.exception()
                 reason = (f"connection lost: {exc}" if isinstance(exc, (ChannelClosed, ChannelError)) else
                           f"bad reply from the cloud: {exc}" if isinstance(exc, BadReply) else str(exc))
-        finally:
-            if reason != RACE_LOST:
-                self._inflight.pop(rid, None)
+        except BaseException:
+            self._inflight.pop(rid, None)
+            raise
         if reason == RACE_LOST:
             def measured(task: "asyncio.Future[tuple[wire.Message, float]]") -> None:
-                self._inflight.pop(rid, None)
                 if not task.cancelled() and task.exception() is None:
                     reply, arrived = task.result()
                     if isinstance(reply, wire.Result):
@@ -204,12 +223,11 @@ class RemoteCall:
                 rate = min(wire_bytes * 8 / elapsed_s / 1e6, self.monitor.raw_mbps() / 2)
                 self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
                 fut.add_done_callback(functools.partial(self._late_reply, wire_bytes))
-                self.late_in_row[i] += 1
             else:
                 self.link.forget(rid)
+                self._inflight.pop(rid, None)
             out = await (fallback if fallback is not None else local())
-            late = not failed and self.late_in_row[i] >= self.late_row and wire_bytes < self.monitor.min_sample_bytes
-            return Outcome(out, wire_bytes if sent else 0, reason, late=late)
+            return Outcome(out, wire_bytes if sent else 0, reason)
         reply, arrived = remote.result()
         if isinstance(reply, wire.Error):
             self.breaker.failure(time.monotonic())
@@ -223,7 +241,6 @@ class RemoteCall:
             return Outcome(await (fallback or local()), wire_bytes, f"bad reply from the cloud: {exc}")
         if fallback is not None and not race:
             fallback.cancel()  # not started yet: dropped; running: its result is ignored
-        self.late_in_row[i] = 0
         # (racing, the device's run goes on: its time is the measurement the race was for)
         sampled = self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings, raced=race)
         # the network's time, where the bandwidth estimate took this transfer as a sample (it has
@@ -258,11 +275,27 @@ class RemoteCall:
         answered: the hedge the device won counted as a failure when it won (a frozen cloud opens
         the breaker within a few frames), and the answer takes it back (a cloud that is only
         slower than the device is the controller's business, not the breaker's: three hedges in a
-        row would otherwise keep every frame off the cloud for the cool-down)."""
+        row would otherwise keep every frame off the cloud for the cool-down).
+
+        A transfer too small to be a throughput sample still bounds the link from above when the
+        frame was late: its bytes took that long to arrive (a burst can only make it look faster
+        than the link), so the link is slower than the estimate said (see ``add_ceiling``). Both
+        ways: the request's arrival at the cloud, and the result's here, where results come back
+        at the uplink's rate as the cost model assumes (a frame sent just before the link fell
+        crossed it at once, and its 28 KB of raw outputs took 1.1 s to come back at 0.2 Mbit/s).
+        A frame held up by a stall arrives in a burst once the link is back: no bound."""
         if fut.cancelled() or fut.exception() is not None:
             return
         reply = fut.result()
-        if isinstance(reply, wire.Result):
-            self.breaker.success()
-            if reply.timings.recv_ms > 0:
-                self.monitor.add_transfer(nbytes, reply.timings.recv_ms / 1e3)
+        if not isinstance(reply, wire.Result):
+            return
+        self.breaker.success()
+        recv_s = reply.timings.recv_ms / 1e3
+        if recv_s > 0 and self.monitor.add_transfer(nbytes, recv_s):
+            return  # a throughput sample: the estimate has the news
+        shortest = self.monitor.min_sample_s
+        bounds = [nbytes * 8 / recv_s / 1e6] if recv_s >= shortest else []
+        if self.downlink_mbps is None and reply.info is not None and reply.info.seconds >= shortest:
+            bounds.append(reply.info.nbytes * 8 / reply.info.seconds / 1e6)
+        if bounds:
+            self.monitor.add_ceiling(min(bounds))

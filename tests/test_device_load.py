@@ -17,6 +17,7 @@ pytest.importorskip("aiohttp")
 
 from splitinfer.cloud import CloudService  # noqa: E402
 from splitinfer.edge import EdgeAgent  # noqa: E402
+from splitinfer.errors import SplitinferError  # noqa: E402
 from splitinfer.edge.device import Device  # noqa: E402
 from splitinfer.splitter import Plan  # noqa: E402
 from splitinfer.splitter.profiler import random_feeds  # noqa: E402
@@ -182,3 +183,27 @@ def test_a_device_that_cannot_keep_the_rate_is_charged_for_as_long_as_a_choice_i
     dev[edge] = 120.0  # at 10 fps the dwell holds 5 frames: the floor, behind_frames, holds
     assert c.load_ms(pred, DeviceLoad(0.0, dev, interval_ms=100.0, max_inflight=6))[edge] == \
         pytest.approx(20.0 * c.behind_frames / 2)
+
+
+def test_the_frame_rate_is_the_cameras_not_the_callers_pace(yolo_plan):
+    """The frame interval the controller plans with comes from pacing (stream(fps=...), or fps=
+    given), never from the gaps between calls: a caller that waits for each result sends the next
+    frame when the last is done, so those gaps are the agent's own pace (at 20 ms a frame, the
+    all-edge candidate's 100 ms was charged ~1 s of a backlog that could never build)."""
+    plan = Plan.load(yolo_plan)
+    fs = [random_feeds(plan.inputs, seed=k) for k in range(4)]
+
+    async def main():
+        async with EdgeAgent(plan, None) as ag:
+            looped = [await ag.infer(f) for f in fs]
+            paced = [r async for r in ag.stream(fs, fps=50)]
+            after = await ag.infer(fs[0])
+        async with EdgeAgent(plan, None, fps=8) as told:
+            hinted = await told.infer(fs[0])
+        return looped, paced, after, hinted
+    looped, paced, after, hinted = arun(main(), timeout=60)
+    assert all(r.conditions["frame_interval_ms"] is None for r in looped + [after])
+    assert all(r.conditions["frame_interval_ms"] == pytest.approx(20.0) for r in paced)
+    assert hinted.conditions["frame_interval_ms"] == pytest.approx(125.0)
+    with pytest.raises(SplitinferError, match="fps"):
+        EdgeAgent(plan, None, fps=0)

@@ -100,6 +100,7 @@ def log_slow_last(log):
 
 def test_the_cut_follows_the_bandwidth(yolo_plan):
     plan = Plan.load(yolo_plan)
+    seen = []  # what each frame saw (for the messages)
 
     async def main():
         async with adaptive_agent_behind_link(yolo_plan, plan) as (emu, ag):
@@ -113,6 +114,8 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
                 if r.explore:  # a frame re-measuring another candidate says nothing of the choice
                     continue
                 log.append((phase, r.candidate, r.placement))
+                seen.append((phase, r.candidate, r.placement, round(r.conditions["bandwidth_mbps"], 2),
+                             round(r.timings["total_ms"]), round(time.monotonic() - t_phase, 3)))
                 elapsed = time.monotonic() - t_phase
                 if phase == "fast" and elapsed > 4:
                     phase, t_phase = "slow", time.monotonic()
@@ -133,16 +136,23 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
     deeper = [work[c] > work[settled] for c in slow]
     assert all(deeper[-3:]), slow  # 0.2 Mbit/s: the cut has moved toward the edge...
     # ...within a few frames: the 4 KB frames are no bandwidth samples, and the link's fall was
-    # seen only as the estimate, fed by probes, came down (3-12 frames, session 21); now two
-    # frames in a row the device finished first say the cloud takes at least that long
+    # seen only as the estimate, fed by probes, came down (3-12 frames, session 21). Now a late
+    # frame's silence bounds the link while it is unanswered, and the slow arrival of its bytes
+    # bounds it after (BandwidthMonitor.add_ceiling)
     assert deeper.index(True) <= 3, slow
-    assert settled not in slow[2:], slow  # (before: the cloud 5-7 frames, or back to it after one on the edge)
+    # at most two frames are lost to the fall (finished on the device after waiting for the cloud:
+    # one sent just before the fall, or behind a probe, can cross in a burst and say nothing, so
+    # the cloud may be asked once more; before: the cloud 5-7 frames)
+    late = [(c, pl) for p, c, pl in log if p == "slow" and pl == "fallback"]
+    assert len(late) <= 2, [f for f in seen if f[0] == "slow"][:12]
     assert work[back[-1]] < work[slow[-1]], back  # and back when the link recovers
 
 
 def test_one_stalled_frame_does_not_move_the_choice(yolo_plan):
-    """One frame the device finishes first can be a stall (the link held it for a moment); only a
-    second in a row is taken as the candidate's news (test_the_cut_follows_the_bandwidth)."""
+    """A stall (the link held a frame for a moment, then delivered it in a burst) leaves nothing
+    behind: while the frame is unanswered its silence bounds the link, and once its reply has
+    landed the choice is what it was - the burst says nothing of a slower link (a frame the link
+    really slowed does: test_the_cut_follows_the_bandwidth)."""
     plan = Plan.load(yolo_plan)
 
     async def main():
@@ -153,9 +163,13 @@ def test_one_stalled_frame_does_not_move_the_choice(yolo_plan):
             until = time.monotonic() + 0.3
             stalled = await ag.infer(random_feeds(plan.inputs, seed=40))
             await asyncio.sleep(max(until - time.monotonic(), 0.0))  # the link is back
+            while ag.remote.sends_in_flight():  # the stalled frame's reply (the test's timeout bounds this)
+                await asyncio.sleep(0.01)
+            mbps = ag.monitor.raw_mbps()
             after = [await ag.infer(random_feeds(plan.inputs, seed=50 + k)) for k in range(6)]
-            return before, stalled, after
-    before, stalled, after = arun(main(), timeout=90)
+            return before, stalled, after, mbps
+    before, stalled, after, mbps = arun(main(), timeout=90)
+    assert mbps > 10, mbps  # (the link is at 50 Mbit/s)
     settled = collections.Counter(r.candidate for r in before[-5:]).most_common(1)[0][0]
     assert settled != "edge" and stalled.candidate == settled
     assert stalled.fallback and "later than" in stalled.fallback_reason, stalled.fallback_reason
@@ -262,7 +276,10 @@ def test_a_cloud_slower_than_the_device_but_answering_does_not_open_the_breaker(
 
     async def main():
         async with warm_cloud_agent(yolo_plan, plan, "raw") as (emu, ag):
-            emu.set_rate(0.3)  # 49 KB of raw input: ~1.3 s on the wire, the device far sooner
+            # 150 ms more each way: the device is far sooner, and the base RTT (the 10-s minimum) the
+            # hedge is timed by does not move. (A slower link no longer serves: a late frame's
+            # bytes bound the bandwidth estimate, and the next frame, predicted right, is not hedged.)
+            emu.up.delay_s = emu.down.delay_s = 0.15
             out = []
             for k in range(ag.breaker.threshold + 1):  # enough hedges in a row to open it
                 out.append(await ag.infer(random_feeds(plan.inputs, seed=10 + k)))

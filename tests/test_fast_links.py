@@ -83,6 +83,29 @@ def test_a_transfer_too_fast_to_time_is_a_lower_bound():
     assert m.raw_mbps() == pytest.approx(8.0)
 
 
+def test_a_small_late_transfer_is_an_upper_bound():
+    """A frame too small to be a throughput sample that came back late: the time its bytes took to
+    arrive caps the estimate until a timed sample says what the link does, or the cap ages out."""
+    now = [0.0]
+    m = BandwidthMonitor(clock=lambda: now[0])
+    m.add_transfer(400_000, 0.064)  # 50 Mbit/s
+    assert not m.add_transfer(4_300, 0.172)  # a 4.3 KB frame: no sample...
+    assert m.raw_mbps() == pytest.approx(50.0)
+    m.add_ceiling(4_300 * 8 / 0.172 / 1e6)  # ...but late, its bytes arriving over 172 ms: 0.2 Mbit/s at most
+    assert m.raw_mbps() == pytest.approx(0.2)
+    m.add_ceiling(80.0)  # a bound above the estimate changes nothing
+    assert m.raw_mbps() == pytest.approx(50.0)
+    m.add_ceiling(0.2)
+    now[0] = m.ceiling_ttl_s + 0.1  # not renewed: it expires
+    assert m.raw_mbps() == pytest.approx(50.0)
+    m.add_ceiling(0.2)
+    m.add_transfer(100_000, 0.1)  # a timed transfer is what the link does now: 8 Mbit/s
+    assert 0.2 < m.raw_mbps() < 50.0
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        m.add_ceiling(bad)  # ignored
+    assert 0.2 < m.raw_mbps() < 50.0
+
+
 def test_the_prober_ramps_up_until_the_rate_stops_growing():
     """Slow start: back-to-back probes, each twice the last, while a faster link would matter;
     they stop when the measured rate stops growing, and rest before another ramp."""
@@ -117,16 +140,21 @@ def test_overdue_frames_bound_the_rate(yolo_plan):
     """A 400 KB frame unanswered 0.5 s after it was sent, with 100 ms allowed for the RTT and the
     cloud: the link carried less than 400 KB in 0.4 s, whatever the estimate said."""
     from splitinfer.edge import EdgeAgent
+    from splitinfer.edge.remote import _Sent
 
     ag = EdgeAgent(Plan.load(yolo_plan), "tcp://127.0.0.1:9", warmup=False)
     rc = ag.remote
     assert rc.rate_bound_mbps(now=10.0) == float("inf")
-    rc._inflight[1] = (10.0, 400_000, 100.0)
+    rc._inflight[1] = _Sent(10.0, 400_000, 0, 100.0)
     assert rc.rate_bound_mbps(now=10.05) == float("inf")  # not overdue yet
     assert rc.rate_bound_mbps(now=10.5) == pytest.approx(400_000 * 8 / 0.4 / 1e6)
-    rc._inflight[2] = (10.2, 100_000, 100.0)  # a second frame behind it: 500 KB since 10.0
+    rc._inflight[2] = _Sent(10.2, 100_000, 0, 100.0)  # a second frame behind it: 500 KB since 10.0
     assert rc.rate_bound_mbps(now=10.5) == pytest.approx(min(400_000 * 8 / 0.4, 500_000 * 8 / 0.4) / 1e6)
     assert rc.inflight_bytes == 500_000
+    # a result coming back over the same link: its bytes are part of what the link had to carry
+    rc._inflight[1] = _Sent(10.0, 400_000, 100_000, 100.0)
+    assert rc.rate_bound_mbps(now=10.5) == pytest.approx(500_000 * 8 / 0.4 / 1e6)
+    assert rc.rate_bound_mbps(now=10.0 + 7.0) == float("inf")  # unanswered past two deadlines: forgotten
     ag.device.shutdown()
 
 

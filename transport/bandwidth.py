@@ -8,7 +8,10 @@ little weight has accumulated, times a safety factor. Samples from tiny frames a
 the throughput (their timing is noise) but still give RTT. A transfer too fast to time (under
 ``min_sample_s``) is a lower bound, not nothing: the link carried at least its bytes in that
 time. While no timed sample says otherwise, the estimate is at least the freshest such bound, so a
-fast link (loopback, a LAN) is not left at the prior.
+fast link (loopback, a LAN) is not left at the prior. The other way round, a small frame that came
+back late is an upper bound (:meth:`BandwidthMonitor.add_ceiling`): the link took that long for
+it, which a 4 KB frame's own first-to-last byte time does not show; until a timed sample comes,
+the estimate is at most the freshest such bound.
 
 Defaults were chosen for the figure in issue 3: after a step from 50 to 5 Mbit/s and back, the
 estimate is within ±20% of the real rate within 2 s of saturating traffic
@@ -86,6 +89,12 @@ class BandwidthMonitor:
         self.last_sample_at = -math.inf
         self.floor_ttl_s = 3.0  # a lower bound from a too-fast transfer holds this long unless renewed
         self._floor: tuple[float, float] | None = None  # (Mbit/s, at): the freshest lower bound
+        self._ceiling: tuple[float, float] | None = None  # (Mbit/s, at): the freshest upper bound
+        # an upper bound holds this long unless a timed sample comes first: while frames avoid a
+        # slow link nothing else renews it, and each expiry costs a late frame; a link that
+        # recovers is found by the next probe (every max_interval_s at most), whose timed sample
+        # ends the bound
+        self.ceiling_ttl_s = 10.0
         self._srtt: float | None = None
         self._rtts: deque[tuple[float, float]] = deque()  # (time, ms) over the last 10 s
 
@@ -105,7 +114,7 @@ class BandwidthMonitor:
             else:  # a smaller bound renews the larger one's freshness: both say the link is fast
                 self._floor = (self._floor[0], now)
             return True
-        self._floor = None  # a timed transfer is what the link does now
+        self._floor = self._ceiling = None  # a timed transfer is what the link does now
         mbps = nbytes * 8 / seconds / 1e6
         gap = now - self.last_sample_at
         if self.samples and gap > self.stale_after_s:
@@ -119,6 +128,17 @@ class BandwidthMonitor:
         self.last_sample_at = now
         return True
 
+    def add_ceiling(self, mbps: float, at: float | None = None) -> None:
+        """The link carried at most ``mbps`` lately: a frame too small to be a throughput sample
+        came back later than the estimate allowed, and its bytes took this long to arrive (a
+        burst can make a small transfer look faster than the link, never slower). Until a timed
+        sample comes, or the bound is ``ceiling_ttl_s`` old, the estimate is at most that (at
+        0.2 Mbit/s, 4 KB frames were otherwise sent to the cloud again as soon as each late reply
+        landed, the estimate still at the 50 Mbit/s from before the fall)."""
+        if not (mbps > 0 and math.isfinite(mbps)):
+            return
+        self._ceiling = (mbps, self.clock() if at is None else at)
+
     def add_rtt(self, rtt_ms: float, at: float | None = None) -> None:
         if rtt_ms < 0 or not math.isfinite(rtt_ms):
             return
@@ -130,10 +150,14 @@ class BandwidthMonitor:
 
     # ------------------------------------------------------------------ estimates
     def raw_mbps(self) -> float:
-        """min(fast, slow), bias-corrected, before the safety factor; at least a fresh lower bound."""
+        """min(fast, slow), bias-corrected, before the safety factor; at least a fresh lower bound
+        and at most a fresh upper bound."""
         ewma = self.default_mbps if self.samples == 0 else min(self.fast.value, self.slow.value)
         bound = self.lower_bound_mbps()
-        return max(ewma, bound) if bound is not None else ewma
+        est = max(ewma, bound) if bound is not None else ewma
+        if self._ceiling is not None and self.clock() - self._ceiling[1] <= self.ceiling_ttl_s:
+            est = min(est, self._ceiling[0])
+        return est
 
     def lower_bound_mbps(self) -> float | None:
         """The freshest bound from transfers too fast to time (None when none holds)."""
