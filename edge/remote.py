@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class _Sent:
     up: int  # its bytes on the uplink
     back: int  # the result's bytes the link is expected to carry back (0: a downlink of its own)
     rest_ms: float  # what its answer needs besides the link: the base RTT, the cloud's queue and compute
+    late: bool = False  # the device finished it first: the link is slower than predicted, by how much unknown
 
 
 @dataclass
@@ -114,12 +115,17 @@ class RemoteCall:
         if not items:
             return math.inf
         first = items[0].at
-        total, bound = 0, math.inf
+        total, bound, late = 0, math.inf, False
         for f in items:
             total += f.up + f.back
+            late = late or f.late
             waited_s = now - first - f.rest_ms / 1e3
             if waited_s > _MIN_WAIT_S:
-                bound = min(bound, total * 8 / waited_s / 1e6)
+                # behind a frame known to be late the link is below the bound by an amount the
+                # silence cannot tell: plan with half of it (as TCP halves on a loss); right after
+                # a hedge the bound alone is loose (0.2 Mbit/s link, 4 KB up and 3 KB back, the
+                # device done in 150 ms: 0.5 Mbit/s), and it rivalled a loaded device's frame
+                bound = min(bound, total * 8 / waited_s / 1e6 / (2 if late else 1))
         return bound
 
     def first_hedge_s(self, i: int, pred_ms: float) -> float:
@@ -223,6 +229,8 @@ class RemoteCall:
                 rate = min(wire_bytes * 8 / elapsed_s / 1e6, self.monitor.raw_mbps() / 2)
                 self.monitor.add_transfer(wire_bytes, wire_bytes * 8 / max(rate, 1e-3) / 1e6)
                 fut.add_done_callback(functools.partial(self._late_reply, wire_bytes))
+                if rid in self._inflight:
+                    self._inflight[rid] = replace(self._inflight[rid], late=True)
             else:
                 self.link.forget(rid)
                 self._inflight.pop(rid, None)

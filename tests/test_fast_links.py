@@ -154,6 +154,8 @@ def test_overdue_frames_bound_the_rate(yolo_plan):
     # a result coming back over the same link: its bytes are part of what the link had to carry
     rc._inflight[1] = _Sent(10.0, 400_000, 100_000, 100.0)
     assert rc.rate_bound_mbps(now=10.5) == pytest.approx(500_000 * 8 / 0.4 / 1e6)
+    rc._inflight[1] = _Sent(10.0, 400_000, 100_000, 100.0, late=True)  # the device finished it first
+    assert rc.rate_bound_mbps(now=10.5) == pytest.approx(500_000 * 8 / 0.4 / 1e6 / 2)
     assert rc.rate_bound_mbps(now=10.0 + 7.0) == float("inf")  # unanswered past two deadlines: forgotten
     ag.device.shutdown()
 
