@@ -108,8 +108,8 @@ class RemoteCall:
         flight was sent, the link carried less than the bytes of the frames still unanswered, their
         results' way back included, once their RTT and cloud time are allowed for (inf while none is
         overdue). A link that drops under frames in flight is noticed while they are still on the
-        wire, not when they land. (Without the results: a 4 KB JPEG whose 28 KB of raw outputs
-        came back over the same 0.2 Mbit/s link put the bound at 0.01.)"""
+        wire, not when they land. (The results count because the cost model charges them to the
+        same link unless told the downlink's rate: a frame waits for both.)"""
         now = time.perf_counter() if now is None else now
         items = self._unanswered(now)
         if not items:
@@ -289,9 +289,9 @@ class RemoteCall:
         frame was late: its bytes took that long to arrive (a burst can only make it look faster
         than the link), so the link is slower than the estimate said (see ``add_ceiling``). Both
         ways: the request's arrival at the cloud, and the result's here, where results come back
-        at the uplink's rate as the cost model assumes (a frame sent just before the link fell
-        crossed it at once, and its 28 KB of raw outputs took 1.1 s to come back at 0.2 Mbit/s).
-        A frame held up by a stall arrives in a burst once the link is back: no bound."""
+        at the uplink's rate as the cost model assumes (a request sent just before the link fell
+        can cross it at once, its result not). A frame held up by a stall arrives in a burst once
+        the link is back: no bound."""
         if fut.cancelled() or fut.exception() is not None:
             return
         reply = fut.result()
