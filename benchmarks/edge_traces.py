@@ -129,7 +129,10 @@ def window_regimes(k_traces: int, windows: int, seconds: float, seed: int) -> li
         mine = []
         for w in range(windows):
             start = rng.uniform(0, max(dur - seconds, 0.0)) if dur > seconds else rng.uniform(0, dur)
-            mine.append(Regime(f"{path.stem}@{start:.0f}s", "window", seconds, trace=window(tr, start, seconds)))
+            name = f"{path.stem}@{start:.0f}s"
+            if any(r.name == name for r in mine):  # a short trace's windows can start in the same second:
+                name = f"{path.stem}@{start:.1f}s"  # each is its own run, not one skipped as done
+            mine.append(Regime(name, "window", seconds, trace=window(tr, start, seconds)))
         per_trace.append(mine)
     # every trace's first window, then every trace's second, ...: a run stopped part way (and
     # resumed later) has covered every trace alike
