@@ -152,10 +152,11 @@ def cgroup(slot: int, quota: float) -> Path | None:
 
 
 async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategy: str, slot: int,
-                       out: Path, cpu: dict[str, float]) -> list[dict]:
+                       out: Path, cpu: dict[str, float], uplink: dict[str, float] | None = None) -> list[dict]:
     """One strategy's ``edge run``: its records; ``cpu[strategy]``: the agent process's CPU ms per
     frame (what the agent's own work costs a CPU-quota device: every ms of it is ~1/quota ms of wall
-    time taken from the segments), when it finished."""
+    time taken from the segments), and ``uplink[strategy]``: its uplink bytes per frame, the
+    bandwidth probes' included (a frame's record counts only its own), when it finished."""
     from splitinfer.transport.netem import LinkEmulator
 
     quota, fps = DEVICES[device]
@@ -196,7 +197,10 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
         stdout, err = await asyncio.wait_for(proc.communicate(), regime.seconds + 30)
         if proc.returncode:
             raise RuntimeError(f"{strategy}: edge run failed: {(head + err).decode()[-800:]}")
-        cpu[strategy] = json.loads(stdout)["cpu_ms_per_frame"]
+        summary = json.loads(stdout)
+        cpu[strategy] = summary["cpu_ms_per_frame"]
+        if uplink is not None:
+            uplink[strategy] = summary["uplink_bytes_per_frame"]
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
@@ -214,8 +218,10 @@ def trim(r: dict) -> dict:
 
 async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
                      parallel: int, tmp: Path, cpu: dict[str, float], full: Path | None = None,
-                     key: str = "", spans: dict[str, tuple[float, float]] | None = None) -> dict[str, list[dict]]:
-    """The strategies' records; ``cpu`` and ``spans`` (strategy -> (start, end), wall clock) are filled in."""
+                     key: str = "", spans: dict[str, tuple[float, float]] | None = None,
+                     uplink: dict[str, float] | None = None) -> dict[str, list[dict]]:
+    """The strategies' records; ``cpu``, ``uplink`` and ``spans`` (strategy -> (start, end), wall
+    clock) are filled in."""
     spans = {} if spans is None else spans
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
@@ -226,7 +232,7 @@ async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: st
             try:
                 out = tmp / f"{device}.{s}.jsonl"
                 t0 = time.time()
-                recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out, cpu)
+                recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out, cpu, uplink)
                 spans[s] = (t0, time.time())
                 if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
                     (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())
@@ -269,16 +275,20 @@ def conditions_oracle(lat: list[list[float]], n: int, half: int) -> list[float]:
     return out or [math.nan]
 
 
-def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0, half_window: int = 2) -> dict:
+def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0, half_window: int = 2,
+              uplink: dict[str, float] | None = None) -> dict:
     """One (regime, device): a row per strategy, the oracle, the ratios. A strategy stopped for
     falling behind keeps the frames it finished (a lower bound on its latency) and cannot be the
     best static; the oracle takes the others for frames it did not reach. The first ``warmup``
     frames of every strategy (a process's cold start: sessions, caches, the first connection) are
-    left out of every figure alike."""
+    left out of every figure alike. ``uplink``: each strategy's uplink bytes per frame, probes
+    included, over its whole run (runs before it was recorded have none)."""
     records = {s: [r for r in recs if r["frame"] >= warmup] for s, recs in records.items()}
     n -= warmup
     statics = [s for s in records if s != "adaptive"]
-    per: dict = {s: stats(r) | {"fell_behind": len(r) < n} for s, r in records.items()}
+    uplink = uplink or {}
+    per: dict = {s: stats(r) | {"fell_behind": len(r) < n, "uplink_bytes_per_frame": uplink.get(s, math.nan)}
+                 for s, r in records.items()}
     if not statics or "adaptive" not in records:  # a diagnostic subset: no ratios to take
         table(name, ["strategy", "mean ms", "P50 ms", "P99 ms", "frames"],
               [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}", v["frames"]]
@@ -302,14 +312,20 @@ def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0
                      "best_static_over_oracle_conditions": bs / occ, "adaptive_over_oracle_conditions": ad / occ,
                      "adaptive_bytes_over_cloud": per["adaptive"]["bytes_per_frame"] / max(per["cloud"]["bytes_per_frame"], 1)
                      if "cloud" in per else math.nan,
-                     "adaptive_no_slower_than_cloud": ad <= per["cloud"]["mean_ms"] if "cloud" in per else None}
-    rows = [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}",
-             "-" if math.isnan(v["bytes_per_frame"]) else f"{v['bytes_per_frame'] / 1024:.1f}", v["fallbacks"],
+                     "adaptive_no_slower_than_cloud": ad <= per["cloud"]["mean_ms"] if "cloud" in per else None,
+                     "adaptive_uplink_over_cloud": per["adaptive"]["uplink_bytes_per_frame"]
+                     / max(per["cloud"]["uplink_bytes_per_frame"], 1) if "cloud" in per else math.nan}
+    def kib(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x / 1024:.1f}"
+
+    rows = [[s, f"{v['mean_ms']:.1f}", f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}", kib(v["bytes_per_frame"]),
+             kib(v.get("uplink_bytes_per_frame", math.nan)), v["fallbacks"],
              f"{v['frames']}{' (fell behind)' if v.get('fell_behind') else ''}",
              " ".join(f"{c}:{k}" for c, k in v.get("cuts", {}).items())]
             for s, v in per.items() if s != "ratios"]
     table(f"{name}: best static {best}; adaptive/best static {ad / bs:.3f}, best static/oracle {bs / orc:.3f}",
-          ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "fallbacks", "frames", "cuts"], rows)
+          ["strategy", "mean ms", "P50 ms", "P99 ms", "KiB/frame", "uplink KiB/frame", "fallbacks", "frames", "cuts"],
+          rows)
     return per
 
 
@@ -346,6 +362,11 @@ def aggregate(results: dict) -> dict:
                   "worst_window_best_static_over_adaptive": min(bs_ad),
                   "median_adaptive_over_oracle": statistics.median(ao),
                   "median_adaptive_bytes_over_cloud": statistics.median(w["adaptive_bytes_over_cloud"] for w in wins),
+                  # probes included, where recorded: frames' bytes alone leave out an all-edge agent's probes
+                  "median_adaptive_uplink_over_cloud": statistics.median(up) if (up := [
+                      w["adaptive_uplink_over_cloud"] for w in wins
+                      if not math.isnan(w.get("adaptive_uplink_over_cloud", math.nan))]) else None,
+                  "windows_with_uplink": len(up),
                   "windows_adaptive_no_slower_than_cloud": sum(bool(w["adaptive_no_slower_than_cloud"]) for w in wins)}
             d["windows_goal_met"] = (d["share_of_oracle_gain"] >= 0.6 and min(bs_ad) >= 0.97
                                      and d["median_adaptive_over_oracle"] <= 1.05)
@@ -439,7 +460,7 @@ def main() -> None:
             recs = {p.name.split(".")[-3]: [json.loads(x) for x in gzip.open(p, "rt")]
                     for p in sorted(RECORDS.glob(f"{_safe(key)}.*.jsonl.gz"))}
             v["summary"] = summarise(key, recs, v["frames"], int(args.warmup_s * DEVICES[v["device"]][1]),
-                                     _half_window(v["device"]))
+                                     _half_window(v["device"]), v.get("uplink_bytes_per_frame"))
         finish(results)
         return
     if not TRACES.is_dir() and args.windows:
@@ -498,9 +519,10 @@ def main() -> None:
                 # stream: on a 2-core machine more than two side by side starve each other and the cloud
                 par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
                 cpu: dict[str, float] = {}
+                uplink: dict[str, float] = {}
                 spans: dict[str, tuple[float, float]] = {}
                 recs = asyncio.run(run_regime(plan_dir, port, regime, device, order, par, Path(tmp), cpu,
-                                              args.full_records, key, spans))
+                                              args.full_records, key, spans, uplink))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
                     with gzip.open(RECORDS / f"{_safe(key)}.{s}.jsonl.gz", "wt") as f:
@@ -508,10 +530,10 @@ def main() -> None:
                 results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind, "repeat": rep,
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
-                                        "order": order, "cpu_ms_per_frame": cpu,
+                                        "order": order, "cpu_ms_per_frame": cpu, "uplink_bytes_per_frame": uplink,
                                         "machine_probe_ms": probe.during(spans),
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
-                                                             _half_window(device))}
+                                                             _half_window(device), uplink)}
                 print(f"{key}: machine probe ms while each strategy ran (higher: a slower machine): "
                       f"{results['runs'][key]['machine_probe_ms']}")
                 finish(results)  # after every regime: a stopped run keeps what it measured

@@ -377,8 +377,10 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                 results.append(r)
                 if out is not None:
                     out.write(json.dumps(r.to_json()) + "\n")
+            probe_bytes[0] = agent.probe_bytes
         return results
 
+    probe_bytes = [0]  # the bandwidth probes' bytes: uplink traffic beyond the frames'
     cpu0 = _cpu_s()
     try:
         results = asyncio.run(run())
@@ -394,6 +396,8 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                        "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean())},
         "cuts": dict(cuts), "bytes_sent": int(sum(r.bytes_sent for r in results)),
         "bytes_per_frame": float(np.mean([r.bytes_sent for r in results])) if results else 0.0,
+        "probe_bytes": probe_bytes[0],
+        "uplink_bytes_per_frame": (sum(r.bytes_sent for r in results) + probe_bytes[0]) / max(len(results), 1),
         "fallbacks": sum(r.fallback for r in results), "out": args.out,
         "cpu_ms_per_frame": cpu_s * 1e3 / max(len(results), 1),
     }
@@ -403,12 +407,12 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
         from rich.table import Table
 
         t = Table(title=f"edge run: {plan.name} via {args.cloud}", header_style="bold")
-        for col in ("frames", "P50 ms", "P90 ms", "P99 ms", "cuts used", "KiB/frame", "fallbacks"):
+        for col in ("frames", "P50 ms", "P90 ms", "P99 ms", "cuts used", "KiB/frame", "+ probes", "fallbacks"):
             t.add_column(col, justify="right")
         L = summary["latency_ms"]
         t.add_row(str(summary["frames"]), f"{L['p50']:.1f}", f"{L['p90']:.1f}", f"{L['p99']:.1f}",
                   ", ".join(f"{k}×{v}" for k, v in cuts.most_common()), f"{summary['bytes_per_frame'] / 1024:.1f}",
-                  str(summary["fallbacks"]))
+                  f"{summary['uplink_bytes_per_frame'] / 1024:.1f}", str(summary["fallbacks"]))
         _console().print(t)
     return 0
 

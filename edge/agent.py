@@ -204,6 +204,11 @@ class EdgeAgent:
         return self.link.refused if self.link is not None else None
 
     @property
+    def probe_bytes(self) -> int:
+        """Uplink bytes the bandwidth probes have sent (beyond the frames' ``bytes_sent``)."""
+        return self.link.probe_bytes if self.link is not None else 0
+
+    @property
     def reconnects(self) -> int:
         return self.link.reconnects if self.link is not None else 0
 

@@ -51,6 +51,7 @@ class CloudLink:
         self.refused: RefusedError | None = None
         self.last_error: str | None = None  # why the cloud is not connected, in words
         self.reconnects = 0
+        self._probe_bytes = 0  # probe padding sent on connections that have ended (see probe_bytes)
         self.postprocessed = ""  # what the connected cloud's results carry (its welcome says)
         self._pending: dict[int, asyncio.Future[wire.Message]] = {}
         self._ids = itertools.count(1)
@@ -103,6 +104,11 @@ class CloudLink:
 
     def forget(self, rid: int) -> None:
         self._pending.pop(rid, None)
+
+    @property
+    def probe_bytes(self) -> int:
+        """The probes' padding sent so far, every connection's: uplink bytes beyond the frames'."""
+        return self._probe_bytes + (self.prober.sent_bytes if self.prober is not None else 0)
 
     def probe_sends_in_flight(self) -> list[tuple[float, int]]:
         """(seconds since sent, bytes) of each probe not yet answered."""
@@ -174,12 +180,14 @@ class CloudLink:
                 backoff = 0.1
                 self.channel = ch
                 self._up.set()
-                self.prober = ActiveProber(self.monitor, ch.send)
-                self._probe_task = asyncio.ensure_future(self.prober.run())
+                self.prober = prober = ActiveProber(self.monitor, ch.send)
+                self._probe_task = asyncio.ensure_future(prober.run())
                 try:
                     await self._read(ch)
                 finally:
                     self._probe_task.cancel()
+                    self._probe_bytes += prober.sent_bytes
+                    self.prober = None  # its unanswered probes were on a connection that is gone
                     self.channel = None
                     self._up.clear()
                     for fut in self._pending.values():

@@ -226,3 +226,53 @@ def test_an_unanswered_probe_bounds_the_rate():
     bound = prober.rate_bound_mbps()
     assert bound == pytest.approx(sent[0].padding * 8 / 2.0 / 1e6, rel=0.01)
     assert bound < mon.estimate_mbps()
+
+
+def probe_an_idle_link(prober, mon, now, mbps, seconds, rtt_s=0.03):
+    """Run ``prober`` against a simulated idle link of ``mbps`` for ``seconds`` (``now``: the shared
+    fake clock, in a list); each probe is answered after its bytes crossed and an RTT. The bytes sent."""
+    pending = []  # (answer at, pong)
+
+    async def send(ping):
+        seconds_on_link = ping.padding * 8 / (mbps * 1e6)
+        pending.append((now[0] + seconds_on_link + rtt_s,
+                        wire.Pong(ping.seq, now[0], recv_ms=seconds_on_link * 1e3, nbytes=ping.padding)))
+
+    prober.send = send
+
+    async def main():
+        end = now[0] + seconds
+        while now[0] < end:
+            for item in [p for p in pending if p[0] <= now[0]]:
+                pending.remove(item)
+                prober.on_pong(item[1])
+            if prober.due(now[0]):
+                await prober.probe()
+            now[0] += 0.05
+    before = prober.sent_bytes
+    asyncio.run(main())
+    return prober.sent_bytes - before
+
+
+@pytest.mark.parametrize("mbps", [0.5, 1.0, 5.0])
+def test_probes_take_a_share_of_the_link_only_while_a_faster_link_would_matter(mbps):
+    """A camera on the edge pays for every probe: while a faster link would change the choice,
+    probes (ramps included) stay within ``share`` of the link; otherwise one probe every
+    ``max_interval_s``. (Before: a 48 KB probe every 2 s whatever the rate, 20 % of a 1 Mbit/s
+    link and 77 % of a 0.5 Mbit/s one, on an agent that could not use the cloud.)"""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    mon.add_transfer(int(mbps * 1e6 / 8), 1.0, at=0.0)  # the link was measured: mbps
+    prober = ActiveProber(mon, None)
+    link_bytes = mbps * 1e6 / 8
+    wanted = probe_an_idle_link(prober, mon, now, mbps, 300.0)  # want_more: True until told otherwise
+    assert prober.ramps >= 1  # a faster link would matter: it ramped
+    # within the share over the run (a ramp's bytes are repaid by its rest), and one probe on top
+    # where the share alone would space them further apart than max_interval_s
+    assert wanted <= max(prober.share * link_bytes * 300.0, prober.min_probe_bytes * 300.0 / prober.max_interval_s) \
+        + prober.max_probe_bytes, wanted
+    prober.want_more = False
+    quiet = probe_an_idle_link(prober, mon, now, mbps, 300.0)
+    assert quiet <= (300.0 / prober.max_interval_s + 1) * prober.probe_size(), quiet
+    assert quiet >= 20 * prober.min_probe_bytes  # still probing: a link that came back is found
+    assert abs(mon.raw_mbps() - mbps) < 0.2 * mbps  # and the estimate stays true

@@ -18,11 +18,15 @@ estimate is within ±20% of the real rate within 2 s of saturating traffic
 (benchmarks/bandwidth_tracking.py measures it, and the lag on the real traces).
 
 :class:`ActiveProber` sends padded pings when no data has flowed for a while, so an all-edge
-period still notices the bandwidth coming back; probe traffic is bounded to a share of the
-estimated link. When the caller says a higher rate would change what it does (``want_more``), the
-prober ramps up instead, as TCP slow start and BBR's startup do: back-to-back probes, each twice
-the last, until the measured rate stops growing (less than 25 % over two rounds) or the largest
-probe is reached; then it rests ``ramp_every_s`` before another ramp.
+period still notices the bandwidth coming back. Probes cost the camera's data plan and, on a slow
+link, the link itself, so they are sent for what they can change: while the caller says a higher
+rate would change what it does (``want_more``), probe traffic is at most a share of the estimated
+rate, ramps included; otherwise one probe every ``max_interval_s`` keeps the estimate from going
+stale and finds a link that came back (an all-edge agent on a 1 Mbit/s link sent a 48 KB probe
+every 2 s, 20 % of the link and ~2 GB a day, with nothing to gain from it). A ramp is how a faster
+link is found, as TCP slow start and BBR's startup do: back-to-back probes, each twice the last,
+until the measured rate stops growing (less than 25 % over two rounds) or the largest probe is
+reached; then it rests until its bytes are within the share, and at least ``ramp_every_s``.
 """
 
 from __future__ import annotations
@@ -204,13 +208,16 @@ class ActiveProber:
     ``send`` sends a :class:`Ping`; the caller routes the peer's :class:`Pong` to
     :meth:`on_pong`. A probe goes out when the monitor has had no throughput sample for
     ``idle_s``; it carries ``probe_ms`` worth of the estimated rate (at least
-    ``min_probe_bytes``), and probes are spaced so they use at most ``share`` of the estimated
-    rate, but at least every ``max_interval_s`` (so a dead link is retried)."""
+    ``min_probe_bytes``, the monitor's smallest throughput sample and a margin). While
+    ``want_more`` (the caller's word that a faster link would change its choice), probes are spaced
+    so they use at most ``share`` of the estimated rate; otherwise, and on a link too slow for
+    that share to carry a probe sooner, one goes every ``max_interval_s`` (a dead or slow link is
+    retried, a recovered one found)."""
 
     def __init__(self, monitor: BandwidthMonitor, send: Callable[[Ping], Awaitable[object]], *,
                  idle_s: float = 0.5, probe_ms: float = 60.0, share: float = 0.1,
                  min_probe_bytes: int = 48 * 1024, max_probe_bytes: int = 2 << 20,
-                 max_interval_s: float = 2.0, ramp_every_s: float = 10.0) -> None:
+                 max_interval_s: float = 10.0, ramp_every_s: float = 10.0) -> None:
         self.monitor, self.send = monitor, send
         self.idle_s, self.probe_ms, self.share = idle_s, probe_ms, share
         self.min_probe_bytes, self.max_probe_bytes = min_probe_bytes, max_probe_bytes
@@ -229,6 +236,8 @@ class ActiveProber:
         self._ramp_best = 0.0  # the best rate this ramp measured
         self._ramp_stalls = 0  # rounds without 25 % growth
         self._ramp_rest_until = -math.inf
+        self._debt = 0.0  # probe bytes not yet covered by the share of the rate (see _repay)
+        self._debt_at = 0.0
 
     def rate_bound_mbps(self, now: float | None = None, rtt_ms: float = 0.0) -> float:
         """What unanswered probes say: a probe of n bytes sent t seconds ago and not yet answered
@@ -253,19 +262,16 @@ class ActiveProber:
         bps = self._rate_bps()
         return int(min(self.max_probe_bytes, max(self.min_probe_bytes, bps * self.probe_ms / 1e3)))
 
-    def interval_s(self) -> float:
-        bps = max(self._rate_bps(), 1.0)
-        return min(self.max_interval_s, max(self.idle_s, self.probe_size() / (self.share * bps)))
+    def _repay(self, now: float) -> float:
+        """The probes' bytes not yet covered by ``share`` of the estimated rate since they were sent."""
+        bps = self.share * max(self._rate_bps(), 1.0)
+        self._debt = max(0.0, self._debt - bps * max(now - self._debt_at, 0.0))
+        self._debt_at = now
+        return self._debt
 
     @property
     def ramping(self) -> bool:
         return self._ramp_size > 0
-
-    def _start_ramp(self, now: float) -> bool:
-        if self.ramping or not self.want_more or now < self._ramp_rest_until:
-            return self.ramping
-        self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
-        return True
 
     def _ramp_round(self, mbps: float, now: float) -> None:
         """One ramp probe answered: grow, or stop when the rate stopped growing."""
@@ -281,16 +287,30 @@ class ActiveProber:
             self._ramp_size = min(self._ramp_size * 2, self.max_probe_bytes)
 
     def due(self, now: float) -> bool:
+        """Whether a probe goes now. Ramp probes go back to back; a ramp starts, and a steady
+        probe goes while a faster link would matter, only once the probes' bytes so far are within
+        ``share`` of the rate (a ramp at 1 Mbit/s, 48 + 96 + 192 KB, is ~27 s of a 10 % share; at
+        100 Mbit/s ~4 MB is ~3 s); whatever else holds, one goes every ``max_interval_s`` on an
+        idle link."""
         if self._inflight:
             return False
-        if self._start_ramp(now):  # back to back while ramping
+        if self.ramping:
             return True
-        return self.monitor.idle_s() >= self.idle_s and now - self._last_probe >= self.interval_s()
+        paid = self._repay(now) <= 0.0
+        if paid and self.want_more and now >= self._ramp_rest_until:
+            self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
+            return True
+        if self.monitor.idle_s() < self.idle_s:
+            return False
+        since = now - self._last_probe
+        return since >= self.max_interval_s or (self.want_more and paid and since >= self.idle_s)
 
     async def probe(self) -> None:
         now = self.monitor.clock()
         self._seq += 1
         size = self._ramp_size if self.ramping else self.probe_size()
+        self._repay(now)
+        self._debt += size
         self._last_probe = now
         self._inflight[self._seq] = (now, size)
         self.sent += 1
