@@ -707,6 +707,7 @@ def test_edge_run_command_against_cloud_serve(yolo_plan, tmp_path):
         assert summary["frames"] == 6 and summary["cuts"] == {"cloud": 6} and summary["fallbacks"] == 0
         # the uplink's bytes are the frames' and the bandwidth probes' (a new link is probed at once)
         assert summary["probe_bytes"] > 0
+        assert summary["startup_cpu_s"] > 0 and summary["cpu_ms_per_frame"] > 0  # start-up apart from the frames
         assert summary["uplink_bytes_per_frame"] * 6 == pytest.approx(summary["bytes_sent"] + summary["probe_bytes"])
         records = [json.loads(x) for x in out.read_text().splitlines()]
         assert [r["frame"] for r in records] == list(range(6)) and all(r["placement"] == "cloud" for r in records)
