@@ -4,7 +4,9 @@ quota (a Jetson-class stand-in), the cloud service at full speed, detections com
 
 Regimes: fixed 1, 5, 20 and 100 Mbit/s and loopback; a 50 -> 1 -> 50 Mbit/s step; and seeded
 windows of the real uplink traces in ../shared/traces (several per trace, never one first window).
-Devices: ``slow`` (~270 ms a frame at 2 fps) and ``fast`` (~100 ms at 8 fps). Strategies:
+Devices: ``slow`` (~270 ms a frame at 2 fps) and ``fast`` (~100 ms at 8 fps), each a CPU quota
+calibrated on this machine at start (the whole model timed under it; ``device_calibration`` in
+every run). Strategies:
 adaptive; all-edge; all-cloud (JPEG of the camera frame); every static cut (int8+lz4); and the
 hindsight oracle (per frame, the best static strategy's latency for that frame) and the
 conditions oracle (per frame, the static strategy that did best in the second around it, charged
@@ -81,7 +83,12 @@ TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 CGROUPS = Path("/sys/fs/cgroup/cpu")
 NAME = "edge_traces"  # --name: a diagnostic run writes beside the headline results, never over them
 RECORDS = RESULTS / f"{NAME}_records"
-DEVICES = {"slow": (0.17, 2.0), "fast": (0.55, 8.0)}  # CPU quota of one core, frames per second
+# per device: the whole model's time a frame on it (ms, YOLO-n 640, one thread), frames per second.
+# The CPU quota that makes this machine such a device is measured at start (calibrate): a fixed
+# quota made a different device on every machine (0.17 core was ~360 ms a frame on the machine
+# of sessions 19-21 and ~700 ms, unable to keep 2 fps, on a host half as fast the next day)
+DEVICES = {"slow": (270.0, 2.0), "fast": (100.0, 8.0)}
+QUOTAS: dict[str, float] = {}  # per device, the calibrated CPU quota (share of one core)
 FAST_PARALLEL = 2
 DELAY_MS = 15.0  # one-way delay each way on emulated links
 
@@ -151,6 +158,70 @@ def cgroup(slot: int, quota: float) -> Path | None:
         return None
 
 
+_TIMER = """
+import sys, time
+import numpy as np
+from splitinfer.edge.runtime import OrtBackend
+from splitinfer.splitter import Plan
+plan = Plan.load(sys.argv[1])
+whole = next(c for c in plan.candidates if c.local and c.edge is not None)  # the all-edge candidate
+b = OrtBackend(str(plan.file(whole.edge)), threads=1)  # as the agent runs it (edge run --threads 1)
+feeds = {t.name: np.random.default_rng(0).random(t.shape).astype(t.dtype) for t in plan.inputs}
+print("ready", flush=True)
+sys.stdin.readline()  # (in its cgroup now)
+b.run(feeds); b.run(feeds)
+ts = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); b.run(feeds); ts.append((time.perf_counter() - t) * 1e3)
+print(sorted(ts)[len(ts) // 2], flush=True)
+"""
+
+
+def time_whole_model(plan_dir: Path, quota: float | None, runs: int) -> float:
+    """The whole model's median ms a run, one thread, at full speed or under ``quota``."""
+    proc = subprocess.Popen([sys.executable, "-c", _TIMER, str(plan_dir), str(runs)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the device timer did not start")
+        if quota is not None:
+            group = cgroup(0, quota)
+            if group is None:
+                raise RuntimeError("no cgroup")
+            (group / "cgroup.procs").write_text(str(proc.pid))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        return float(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def calibrate(plan_dir: Path, devices: list[str]) -> dict[str, dict]:
+    """The CPU quota that makes this machine each device: from the model's time at full speed,
+    then corrected once by its time under that quota (a quota scales time by ~1/quota; the
+    correction takes up what the cgroup's scheduling adds). Fills ``QUOTAS``; returns what was
+    measured. Without cgroups the quota stands as ``--emulate-slowdown 1/quota``."""
+    full = time_whole_model(plan_dir, None, 9)
+    out = {}
+    for device in devices:
+        target = DEVICES[device][0]
+        quota = min(1.0, full / target)
+        if CGROUPS.is_dir() and cgroup(0, quota) is not None:
+            measured = time_whole_model(plan_dir, quota, 5)
+            quota = min(1.0, quota * measured / target)
+            measured = time_whole_model(plan_dir, quota, 5)
+        else:
+            measured = math.nan
+        QUOTAS[device] = quota
+        out[device] = {"target_ms": target, "full_speed_ms": round(full, 1), "quota": round(quota, 4),
+                       "device_ms": round(measured, 1)}
+        print(f"device {device}: the whole model {full:.1f} ms at full speed; quota {quota:.3f} core -> "
+              f"{measured:.0f} ms a frame (target {target:g})", flush=True)
+    return out
+
+
 async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategy: str, slot: int,
                        out: Path, cpu: dict[str, float], uplink: dict[str, float] | None = None) -> list[dict]:
     """One strategy's ``edge run``: its records; ``cpu[strategy]``: the agent process's CPU ms per
@@ -159,7 +230,7 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
     bandwidth probes' included (a frame's record counts only its own), when it finished."""
     from splitinfer.transport.netem import LinkEmulator
 
-    quota, fps = DEVICES[device]
+    quota, fps = QUOTAS[device], DEVICES[device][1]
     group = cgroup(slot, quota)
     frames = int(regime.seconds * fps)
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
@@ -397,7 +468,7 @@ def plot(results: dict) -> None:
         ax.axhline(1.05, color="k", lw=0.8, ls="--")
         ax.set_xticks([i + 0.2 for i in range(len(runs))], names, rotation=70, fontsize=7)
         ax.set_ylabel("mean latency ratio")
-        ax.set_title(f"device {device}: {DEVICES[device][1]:g} fps, quota {DEVICES[device][0]:g} core")
+        ax.set_title(f"device {device}: {DEVICES[device][1]:g} fps, the whole model ~{DEVICES[device][0]:g} ms a frame")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{NAME}.png")
@@ -494,6 +565,7 @@ def main() -> None:
             strategies = [s for s in strategies if s in args.strategies.split(",")]
         if args.full_records is not None:
             args.full_records.mkdir(parents=True, exist_ok=True)
+        devices = calibrate(plan_dir, sorted({d for _, d, _ in plan_work}))  # before the cloud starts
         # the cloud at full speed: ahead of the edges and the link emulators in the CPU's queue (as
         # root), else its compute times carry this machine's contention (27-100 ms for one frame)
         cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
@@ -505,7 +577,7 @@ def main() -> None:
             while "serving" not in text:
                 text += cloud.stdout.readline()  # type: ignore[union-attr]
             port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
-            print(f"edge: cgroup CPU quota per device {DEVICES}; cloud at full speed; "
+            print(f"edge: cgroup CPU quota per device {QUOTAS}; cloud at full speed; "
                   f"{len(plan_work)} (regime, device) pairs x {len(strategies)} strategies")
             for turn, (regime, device, rep) in enumerate(plan_work):
                 key = f"{device}/{regime.name}" + (f"#{rep}" if rep > 1 else "")
@@ -530,6 +602,7 @@ def main() -> None:
                 results["runs"][key] = {"device": device, "regime": regime.name, "kind": regime.kind, "repeat": rep,
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
+                                        "device_calibration": devices[device],
                                         "order": order, "cpu_ms_per_frame": cpu, "uplink_bytes_per_frame": uplink,
                                         "machine_probe_ms": probe.during(spans),
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
