@@ -587,8 +587,9 @@ def main() -> None:
                 # machine whose background load drifts over minutes does not always meet the same one
                 order = strategies[turn % len(strategies):] + strategies[:turn % len(strategies)]
                 t = time.monotonic()
-                # the fast device's strategies need ~0.55 core each and the cloud ~0.3 core per 8-fps
-                # stream: on a 2-core machine more than two side by side starve each other and the cloud
+                # the fast device's strategies need 0.55-0.9 core each (its calibrated quota) and the
+                # cloud ~0.3 core per 8-fps stream: on a 2-core machine more than two side by side
+                # starve each other and the cloud
                 par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
                 cpu: dict[str, float] = {}
                 uplink: dict[str, float] = {}
