@@ -90,6 +90,10 @@ RECORDS = RESULTS / f"{NAME}_records"
 DEVICES = {"slow": (270.0, 2.0), "fast": (100.0, 8.0)}
 QUOTAS: dict[str, float] = {}  # per device, the calibrated CPU quota (share of one core)
 FAST_PARALLEL = 2
+# a static strategy whose frames come this late is stopped: it cannot be the best static (it fell
+# behind) nor the oracle's pick (the all-edge strategy keeps the frame rate), and running it to the
+# regime's end cost ~2 of a trace window's ~11 minutes for each of the two far cuts
+GIVE_UP_S = 30.0
 DELAY_MS = 15.0  # one-way delay each way on emulated links
 
 
@@ -263,9 +267,17 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
             head += line
         if emu is not None:
             emu.restart_schedule()
-        # a strategy that cannot keep up falls behind; stop it 30 s after the regime's end (it keeps
-        # the frames it finished: a lower bound on its latency, and it cannot be the best static)
-        stdout, err = await asyncio.wait_for(proc.communicate(), regime.seconds + 30)
+        # a strategy that cannot keep up falls behind; stop it 30 s after the regime's end, or a
+        # static one once its frames are GIVE_UP_S late (it keeps the frames it finished: a lower
+        # bound on its latency, and it cannot be the best static)
+        watch = asyncio.ensure_future(_give_up(proc, out)) if strategy != "adaptive" else None
+        try:
+            stdout, err = await asyncio.wait_for(proc.communicate(), regime.seconds + 30)
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if watch is not None and not watch.cancelled() and watch.done():
+            return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
         if proc.returncode:
             raise RuntimeError(f"{strategy}: edge run failed: {(head + err).decode()[-800:]}")
         summary = json.loads(stdout)
@@ -279,6 +291,28 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
         if emu is not None:
             await emu.aclose()
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+async def _give_up(proc: asyncio.subprocess.Process, out: Path) -> None:
+    """Stop ``proc`` once the last frame in its records came more than ``GIVE_UP_S`` late."""
+    while True:
+        await asyncio.sleep(1.0)
+        try:
+            with open(out, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - (64 << 10)))
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            try:
+                late_ms = json.loads(line)["timings"]["total_ms"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line still being written
+            if late_ms > GIVE_UP_S * 1e3:
+                proc.kill()
+                return
+            break
 
 
 def trim(r: dict) -> dict:
