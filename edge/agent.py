@@ -134,6 +134,9 @@ class EdgeAgent:
         # every 10 s: on a 0.17-core device a JPEG is ~40 ms of the device's time (every 2 s cost
         # the all-edge frames ~2.5 % at 2 fps); a race of the all-cloud candidate measures it too
         self.size_every_s = 10.0
+        # bandwidth probes cost at most this share of what sending the frames to the cloud would:
+        # they are how a better link is found while the frames stay on the device
+        self.probe_budget = 0.1
         self._prior_ratio = [nominal_ratio(self.input_codec if c.edge is None else self.codec)
                              for c in self.plan.candidates]
         self._frames = itertools.count()
@@ -311,6 +314,19 @@ class EdgeAgent:
         device = [0.0 if (i in self._input_only or ms <= 0.5) else ms for i, ms in enumerate(edge)]
         return DeviceLoad(self.device.wait_ms(), device, self.frame_interval_ms, self.max_inflight)
 
+    def _probe_budget_bps(self) -> float | None:
+        """The probes' average bytes/s at most: ``probe_budget`` of what the cheapest remote
+        candidate's frames would send at the camera's rate (None while the rate is not known).
+        Probing at a share of the link alone cost an agent on the device as much uplink as sending
+        every frame to the cloud (session 22, a 1-4 Mbit/s trace window: 29 KiB of probes a frame
+        beside the all-cloud candidate's 44)."""
+        if not math.isfinite(self.frame_interval_ms):
+            return None
+        ratios = self.controller.byte_ratios(self._prior_ratio)
+        cm = self.controller.cm
+        wire = [cm.up_bytes[i] * ratios[i] for i, c in enumerate(self.plan.candidates) if not c.local]
+        return self.probe_budget * min(wire) * 1e3 / self.frame_interval_ms if wire else None
+
     def _faster_would_matter(self, bw: float, rtt: float, preds: list[float], common: dict[str, Any]) -> bool:
         """Whether a link four times faster than the estimate would pick another candidate: then
         finding the link's real rate is worth probing for."""
@@ -377,6 +393,7 @@ class EdgeAgent:
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # ramp the probes up while a faster link would change the choice
             prober.want_more = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
+            prober.budget_bps = self._probe_budget_bps()
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
         # Exploring thus costs device time, not latency (and is not done while the device is full).

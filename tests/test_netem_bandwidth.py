@@ -276,3 +276,19 @@ def test_probes_take_a_share_of_the_link_only_while_a_faster_link_would_matter(m
     assert quiet <= (300.0 / prober.max_interval_s + 1) * prober.probe_size(), quiet
     assert quiet >= 20 * prober.min_probe_bytes  # still probing: a link that came back is found
     assert abs(mon.raw_mbps() - mbps) < 0.2 * mbps  # and the estimate stays true
+
+
+def test_a_callers_budget_caps_the_probes_below_the_share():
+    """An edge agent caps its probes at a share of what its frames would cost in the cloud: on a
+    5 Mbit/s link, 10 % of the link is 62 KB/s, more than a 2-fps camera's 43 KB frames (86 KB/s)
+    are worth probing for; with a budget of 8.6 KB/s the probes, the first ramp included, stay
+    within it over five minutes."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    mon.add_transfer(625_000, 1.0, at=0.0)
+    prober = ActiveProber(mon, None)
+    prober.budget_bps = 8600.0
+    sent = probe_an_idle_link(prober, mon, now, 5.0, 300.0)
+    assert prober.ramps >= 1
+    assert sent <= prober.budget_bps * 300.0 + 8 * prober.min_probe_bytes, sent  # the first ramp's bytes on top
+    assert sent >= prober.budget_bps * 300.0 * 0.5  # and it does probe: the budget is spent, not hoarded

@@ -210,9 +210,9 @@ class ActiveProber:
     ``idle_s``; it carries ``probe_ms`` worth of the estimated rate (at least
     ``min_probe_bytes``, the monitor's smallest throughput sample and a margin). While
     ``want_more`` (the caller's word that a faster link would change its choice), probes are spaced
-    so they use at most ``share`` of the estimated rate; otherwise, and on a link too slow for
-    that share to carry a probe sooner, one goes every ``max_interval_s`` (a dead or slow link is
-    retried, a recovered one found)."""
+    so they use at most ``share`` of the estimated rate, and at most ``budget_bps`` when the caller
+    sets one; otherwise, and where the share or the budget would space them further apart, one
+    goes every ``max_interval_s`` (a dead or slow link is retried, a recovered one found)."""
 
     def __init__(self, monitor: BandwidthMonitor, send: Callable[[Ping], Awaitable[object]], *,
                  idle_s: float = 0.5, probe_ms: float = 60.0, share: float = 0.1,
@@ -230,6 +230,9 @@ class ActiveProber:
         self.last_probe_mbps = 0.0
         # the ramp (slow start): on while the caller says a higher rate would matter
         self.want_more = True  # until the caller says otherwise: a new link is measured at once
+        # the caller's cap on the probes' average bytes/s below the share of the rate (None: none);
+        # an edge agent's is a share of what sending its frames to the cloud would cost
+        self.budget_bps: float | None = None
         self.ramp_every_s = ramp_every_s  # rest between ramps that found the link's rate
         self.ramps = 0  # ramps finished
         self._ramp_size = 0  # the ramp's next probe size (0: not ramping)
@@ -263,8 +266,11 @@ class ActiveProber:
         return int(min(self.max_probe_bytes, max(self.min_probe_bytes, bps * self.probe_ms / 1e3)))
 
     def _repay(self, now: float) -> float:
-        """The probes' bytes not yet covered by ``share`` of the estimated rate since they were sent."""
+        """The probes' bytes not yet covered by ``share`` of the estimated rate (or ``budget_bps``
+        where that is less) since they were sent."""
         bps = self.share * max(self._rate_bps(), 1.0)
+        if self.budget_bps is not None:
+            bps = max(min(bps, self.budget_bps), 1.0)
         self._debt = max(0.0, self._debt - bps * max(now - self._debt_at, 0.0))
         self._debt_at = now
         return self._debt
