@@ -315,11 +315,13 @@ class EdgeAgent:
         return DeviceLoad(self.device.wait_ms(), device, self.frame_interval_ms, self.max_inflight)
 
     def _probe_budget_bps(self) -> float | None:
-        """The probes' average bytes/s at most: ``probe_budget`` of what the cheapest remote
-        candidate's frames would send at the camera's rate (None while the rate is not known).
-        Probing at a share of the link alone cost an agent on the device as much uplink as sending
-        every frame to the cloud (session 22, a 1-4 Mbit/s trace window: 29 KiB of probes a frame
-        beside the all-cloud candidate's 44)."""
+        """The probes' average bytes/s at most, unless the call is close: ``probe_budget`` of what
+        the cheapest remote candidate's frames would send at the camera's rate (None while the rate
+        is not known). Probing at a share of the link alone cost an agent on the device as much
+        uplink as sending every frame to the cloud (session 22, a 1-4 Mbit/s trace window: 29 KiB
+        of probes a frame beside the all-cloud candidate's 44); the budget alone, on a close call,
+        left the estimate 7 s old while the cloud was predicted within 5 % of the device and was in
+        fact ~1.8x faster (TMobile-LTE-short: 14 frames on the device, adaptive 1.047x the cloud)."""
         if not math.isfinite(self.frame_interval_ms):
             return None
         ratios = self.controller.byte_ratios(self._prior_ratio)
@@ -327,10 +329,11 @@ class EdgeAgent:
         wire = [cm.up_bytes[i] * ratios[i] for i, c in enumerate(self.plan.candidates) if not c.local]
         return self.probe_budget * min(wire) * 1e3 / self.frame_interval_ms if wire else None
 
-    def _faster_would_matter(self, bw: float, rtt: float, preds: list[float], common: dict[str, Any]) -> bool:
-        """Whether a link four times faster than the estimate would pick another candidate: then
-        finding the link's real rate is worth probing for."""
-        faster = self.controller.predict(bw * 4, rtt, **common)
+    def _faster_would_matter(self, bw: float, rtt: float, preds: list[float], common: dict[str, Any],
+                             factor: float = 4.0) -> bool:
+        """Whether a link ``factor`` times faster than the estimate would pick another candidate:
+        then finding the link's real rate is worth probing for."""
+        faster = self.controller.predict(bw * factor, rtt, **common)
         return int(np.argmin(faster)) != int(np.argmin(preds))
 
     # ------------------------------------------------------------------ frames
@@ -392,8 +395,12 @@ class EdgeAgent:
             base, model = choice.unexplored, list(choice.base)
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # ramp the probes up while a faster link would change the choice
-            prober.want_more = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
-            prober.budget_bps = self._probe_budget_bps()
+            want = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
+            prober.want_more = want
+            # a close call (a link 1.5x as fast would change it) is worth the link's share of probes;
+            # a distant one, a tenth of what the frames would cost in the cloud
+            close = want and self._faster_would_matter(bw, rtt, preds, common, factor=1.5)
+            prober.budget_bps = None if close else self._probe_budget_bps()
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
         # Exploring thus costs device time, not latency (and is not done while the device is full).
