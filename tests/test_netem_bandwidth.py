@@ -228,12 +228,15 @@ def test_an_unanswered_probe_bounds_the_rate():
     assert bound < mon.estimate_mbps()
 
 
-def probe_an_idle_link(prober, mon, now, mbps, seconds, rtt_s=0.03):
+def probe_an_idle_link(prober, mon, now, mbps, seconds, rtt_s=0.03, sizes=None):
     """Run ``prober`` against a simulated idle link of ``mbps`` for ``seconds`` (``now``: the shared
-    fake clock, in a list); each probe is answered after its bytes crossed and an RTT. The bytes sent."""
+    fake clock, in a list); each probe is answered after its bytes crossed and an RTT. The bytes
+    sent (each probe's size appended to ``sizes``)."""
     pending = []  # (answer at, pong)
 
     async def send(ping):
+        if sizes is not None:
+            sizes.append(ping.padding)
         seconds_on_link = ping.padding * 8 / (mbps * 1e6)
         pending.append((now[0] + seconds_on_link + rtt_s,
                         wire.Pong(ping.seq, now[0], recv_ms=seconds_on_link * 1e3, nbytes=ping.padding)))
@@ -292,3 +295,21 @@ def test_a_callers_budget_caps_the_probes_below_the_share():
     assert prober.ramps >= 1
     assert sent <= prober.budget_bps * 300.0 + 8 * prober.min_probe_bytes, sent  # the first ramp's bytes on top
     assert sent >= prober.budget_bps * 300.0 * 0.5  # and it does probe: the budget is spent, not hoarded
+
+
+def test_a_link_a_probe_can_time_is_not_ramped_on():
+    """A ramp finds a link too fast for a probe to time; at 0.8 Mbit/s the first 48 KB probe takes
+    ~0.5 s and measured it: no ramp follows (a ramp of 48 + 96 + 192 KB there, repaid at the share,
+    held the steady probes off for ~30 s while the call was close), and the steady probes keep
+    the share's pace."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    mon.add_transfer(100_000, 1.0, at=0.0)
+    sizes = []
+    prober = ActiveProber(mon, None)
+    probe_an_idle_link(prober, mon, now, 0.8, 1.0)  # the first probe: a ramp's first round
+    probe_an_idle_link(prober, mon, now, 0.8, 60.0, sizes=sizes)
+    assert prober.ramps == 1 and not prober.ramping
+    assert set(sizes) == {prober.min_probe_bytes}, sizes  # steady probes only
+    # at the share: 10 % of 0.8 Mbit/s is 10 KB/s, a 48 KB probe every ~4.9 s (not one every 10 s)
+    assert len(sizes) >= 9, len(sizes)

@@ -25,8 +25,10 @@ rate, ramps included; otherwise one probe every ``max_interval_s`` keeps the est
 stale and finds a link that came back (an all-edge agent on a 1 Mbit/s link sent a 48 KB probe
 every 2 s, 20 % of the link and ~2 GB a day, with nothing to gain from it). A ramp is how a faster
 link is found, as TCP slow start and BBR's startup do: back-to-back probes, each twice the last,
-until the measured rate stops growing (less than 25 % over two rounds) or the largest probe is
-reached; then it rests until its bytes are within the share, and at least ``ramp_every_s``.
+until the measured rate stops growing (less than 25 % over two rounds), a probe takes
+``probe_ms`` to cross (it timed the link itself) or the largest probe is reached; then it rests
+until its bytes are within the share, and at least ``ramp_every_s``. A link slow enough for a
+probe to time is not ramped on.
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ class ActiveProber:
         self._last_probe = -math.inf
         self._inflight: dict[int, tuple[float, int]] = {}  # seq -> (sent at, bytes)
         self.last_probe_mbps = 0.0
+        self.last_probe_s = 0.0  # how long the last answered probe took to cross (0: none yet)
         # the ramp (slow start): on while the caller says a higher rate would matter
         self.want_more = True  # until the caller says otherwise: a new link is measured at once
         # the caller's cap on the probes' average bytes/s below the share of the rate (None: none);
@@ -285,7 +288,8 @@ class ActiveProber:
             self._ramp_best, self._ramp_stalls = mbps, 0
         else:
             self._ramp_stalls += 1
-        if self._ramp_stalls >= 2 or self._ramp_size >= self.max_probe_bytes or not self.want_more:
+        timed = self.last_probe_s >= self.probe_ms / 1e3  # a probe this long measured the link itself
+        if self._ramp_stalls >= 2 or self._ramp_size >= self.max_probe_bytes or not self.want_more or timed:
             self._ramp_size = 0
             self.ramps += 1
             self._ramp_rest_until = now + self.ramp_every_s
@@ -303,7 +307,11 @@ class ActiveProber:
         if self.ramping:
             return True
         paid = self._repay(now) <= 0.0
-        if paid and self.want_more and now >= self._ramp_rest_until:
+        # a ramp is for a link too fast for a probe to time (the last one crossed in under probe_ms):
+        # on a slow link it measured nothing a steady probe does not, at 7x the bytes, and its debt
+        # held the steady probes off for ~30 s at 0.8 Mbit/s while the call was close
+        fast = self.last_probe_s < self.probe_ms / 1e3
+        if paid and fast and self.want_more and now >= self._ramp_rest_until:
             self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
             return True
         if self.monitor.idle_s() < self.idle_s:
@@ -329,6 +337,7 @@ class ActiveProber:
         # a probe too fast to time measured at least its bytes in the monitor's shortest timed sample
         seconds = max(pong.recv_ms / 1e3, self.monitor.min_sample_s)
         self.last_probe_mbps = pong.nbytes * 8 / seconds / 1e6
+        self.last_probe_s = pong.recv_ms / 1e3
         self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
         self.monitor.add_rtt((now - pong.sent_at) * 1e3 - pong.recv_ms)
         if ours and self.ramping:
