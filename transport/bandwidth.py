@@ -299,9 +299,8 @@ class ActiveProber:
     def due(self, now: float) -> bool:
         """Whether a probe goes now. Ramp probes go back to back; a ramp starts, and a steady
         probe goes while a faster link would matter, only once the probes' bytes so far are within
-        ``share`` of the rate (a ramp at 1 Mbit/s, 48 + 96 + 192 KB, is ~27 s of a 10 % share; at
-        100 Mbit/s ~4 MB is ~3 s); whatever else holds, one goes every ``max_interval_s`` on an
-        idle link."""
+        ``share`` of the rate or ``budget_bps`` (a ramp to 100 Mbit/s, ~1.5 MB, is ~1.2 s of a 10 %
+        share); whatever else holds, one goes every ``max_interval_s`` on an idle link."""
         if self._inflight:
             return False
         if self.ramping:
