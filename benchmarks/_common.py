@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +51,18 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     for r in rows:
         t.add_row(*(f"{x:.3f}" if isinstance(x, float) else str(x) for x in r))
     Console(width=200).print(t)
+
+
+def cloud_serve(plan_dir: Path, preexec_fn: Callable[[], None] | None = None) -> tuple[subprocess.Popen, int]:
+    """``splitinfer cloud serve PLAN`` on loopback (no zeroconf), started: the process and its edge port."""
+    proc = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
+                             "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=preexec_fn)
+    text = ""
+    while "serving" not in text:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            proc.kill()
+            raise RuntimeError(f"cloud serve {plan_dir} exited before serving: {text[-500:]}")
+        text += line
+    return proc, int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]

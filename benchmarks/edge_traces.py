@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, pyplot, save, table  # noqa: E402
+from _common import RESULTS, cloud_serve, pyplot, save, table  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 CGROUPS = Path("/sys/fs/cgroup/cpu")
@@ -602,15 +602,9 @@ def main() -> None:
         devices = calibrate(plan_dir, sorted({d for _, d, _ in plan_work}))  # before the cloud starts
         # the cloud at full speed: ahead of the edges and the link emulators in the CPU's queue (as
         # root), else its compute times carry this machine's contention (27-100 ms for one frame)
-        cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
-                                  "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=_cloud_first)
+        cloud, port = cloud_serve(plan_dir, preexec_fn=_cloud_first)
         probe = MachineProbe()
         try:
-            text = ""
-            while "serving" not in text:
-                text += cloud.stdout.readline()  # type: ignore[union-attr]
-            port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
             print(f"edge: cgroup CPU quota per device {QUOTAS}; cloud at full speed; "
                   f"{len(plan_work)} (regime, device) pairs x {len(strategies)} strategies")
             for turn, (regime, device, rep) in enumerate(plan_work):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, table  # noqa: E402
+from _common import cloud_serve, save, table  # noqa: E402
 
 FPS = 2.0
 DELAY_MS = 15.0
@@ -70,17 +69,8 @@ def main() -> None:
         plan_dir = Path(tmp) / "plan"
         subprocess.run([sys.executable, "-m", "splitinfer", "split", "ref:yolo-n", "-o", str(plan_dir),
                         "--input-shape", "input=1,3,640,640", "--json"], check=True, capture_output=True)
-        cloud = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
-                                  "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        cloud, port = cloud_serve(plan_dir)
         try:
-            text = ""
-            while "serving" not in text:
-                line = cloud.stdout.readline()  # type: ignore[union-attr]
-                if not line:
-                    sys.exit("cloud serve did not start")
-                text += line
-            port = int(re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
             for rate in (float(x) for x in args.rates.split(",")):
                 for s in args.strategies.split(","):
                     rows.append(asyncio.run(one(plan_dir, port, rate, s, args.seconds, Path(tmp) / f"{s}.jsonl")))
