@@ -38,6 +38,7 @@ from .link import CloudLink
 from .pipeline import pipeline
 from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
+from .sizes import InputSizes
 
 __all__ = ["EdgeAgent", "input_codec_for"]
 
@@ -125,15 +126,12 @@ class EdgeAgent:
                                  downlink_mbps=downlink_mbps) if self.link is not None else None
         self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
-        # even while they are not used, since encoding an image costs a few ms on any device
-        self._input_only = [i for i, c in enumerate(self.plan.candidates) if c.edge is None and not c.local]
+        # even while they are not used (sizes.py); a race of one measures it too
+        self.sizes = InputSizes(self.plan, self.controller, lambda k, v: self._encode(k, v, self.input_codec))
+        self._input_only = self.sizes.input_only
         self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
         if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
             self.controller.cheap_explore = {self._whole, *self._input_only}
-        self._sized_at = [-float("inf")] * len(self.plan.candidates)
-        # every 10 s: on a 0.17-core device a JPEG is ~40 ms of the device's time (every 2 s cost
-        # the all-edge frames ~2.5 % at 2 fps); a race of the all-cloud candidate measures it too
-        self.size_every_s = 10.0
         # bandwidth probes cost at most this share of what sending the frames to the cloud would:
         # they are how a better link is found while the frames stay on the device
         self.probe_budget = 0.1
@@ -252,31 +250,11 @@ class EdgeAgent:
         """One tensor for the wire; a model input as JPEG goes back to its camera pixels first."""
         return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=self.jpeg_quality)
 
-    def _due_for_sizing(self, only_unmeasured: bool = False) -> list[int]:
-        """All-cloud candidates whose wire size should be measured on this frame (and marks them)."""
-        now = time.monotonic()
-        due = [i for i in self._input_only if not (only_unmeasured and self._sized_at[i] > -float("inf"))
-               and now - self._sized_at[i] >= self.size_every_s]
-        for i in due:
-            self._sized_at[i] = now
-        return due
-
-    def _encode_inputs(self, due: list[int], inputs: Mapping[str, np.ndarray]) -> dict[int, dict[str, Encoded]]:
-        return {i: {t.name: self._encode(t.name, inputs[t.name], self.input_codec) for t in self.plan.candidates[i].cut}
-                for i in due}
-
-    def _observe_sizes(self, encoded: dict[int, dict[str, Encoded]]) -> None:
-        """Encoding the frame as an all-cloud candidate would send it keeps that candidate's wire
-        size (the cost model's byte ratio) true while it is not in use: without it a candidate
-        never tried would be judged by a prior forever."""
-        for i, enc in encoded.items():
-            self.controller.observe_bytes(i, sum(e.nbytes for e in enc.values()))
-
     async def _sample_sizes_later(self, inputs: Mapping[str, np.ndarray]) -> None:
-        due = self._due_for_sizing()
+        due = self.sizes.due()
         if due:  # on the device's thread, after the frame: a JPEG is a few ms
-            enc = await self.device.call(lambda: self._encode_inputs(due, inputs), 3.0)
-            self._observe_sizes(enc)
+            enc = await self.device.call(lambda: self.sizes.encode(due, inputs), 3.0)
+            self.sizes.observe(enc)
 
     def _whole_index(self) -> int | None:
         """The all-edge candidate that runs the whole model from the plan's inputs, if any."""
@@ -378,8 +356,8 @@ class EdgeAgent:
         encoded: dict[int, dict[str, Encoded]] = {}
         if self.pinned is None:
             # the first frame: a few ms, once (the encoding is reused if the frame goes that way)
-            encoded = self._encode_inputs(self._due_for_sizing(only_unmeasured=True), inputs)
-            self._observe_sizes(encoded)
+            encoded = self.sizes.encode(self.sizes.due(only_unmeasured=True), inputs)
+            self.sizes.observe(encoded)
         cloud_ok, bw, backlog_ms, probe_ms = self._conditions()
         load = self._load()
         common = dict(backlog_ms=backlog_ms, default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw),
@@ -471,7 +449,7 @@ class EdgeAgent:
                 enc = {k: self._encode(k, v, codec) for k, v in cut.items()}
                 timings["encode_ms"] = (time.perf_counter() - t) * 1e3
                 self.controller.observe_encode(i, timings["encode_ms"])
-            self._sized_at[i] = time.monotonic()
+            self.sizes.mark(i)
             outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
                                              priority=index)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
