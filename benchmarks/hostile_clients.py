@@ -85,7 +85,7 @@ def zstd_zeros(n: int) -> bytes:
 
 def bomb_frame(plan: Any, cid: str, n: int = 4, mib: int = 256) -> bytes:
     from splitinfer.transport import wire
-    from splitinfer.transport.codecs import Encoded
+    from splitinfer.codecs import Encoded
 
     side = int(np.sqrt(mib << 20))
     payload = zstd_zeros(side * side)
@@ -98,7 +98,7 @@ def jpeg_frame(plan: Any) -> bytes:
     from PIL import Image
 
     from splitinfer.transport import wire
-    from splitinfer.transport.codecs import Encoded
+    from splitinfer.codecs import Encoded
 
     buf = io.BytesIO()
     Image.new("RGB", (8000, 8000), (90, 120, 150)).save(buf, format="JPEG", quality=50)
@@ -251,7 +251,7 @@ def edge_under_bombs(plan_dir: Path, tmp: Path, frames: int) -> dict[str, Any]:
     is a 24 KB tensor that would decompress to 1 GiB."""
     from splitinfer.splitter import Plan
     from splitinfer.transport import TcpServer, wire
-    from splitinfer.transport.codecs import Encoded
+    from splitinfer.codecs import Encoded
 
     plan = Plan.load(plan_dir)
     side = 1 << 15

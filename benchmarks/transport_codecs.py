@@ -55,7 +55,7 @@ def main() -> None:
     from splitinfer.splitter.cuts import cut_from_edge_nodes
     from splitinfer.splitter.profiler import make_session
     from splitinfer.transport import wire
-    from splitinfer.transport.codecs import CODEC_NAMES, decode_tensor, encode_tensor
+    from splitinfer.codecs import CODEC_NAMES, decode_tensor, encode_tensor
 
     with tempfile.TemporaryDirectory() as tmp:
         model, x = build("yolo-n", (1, 3, args.size, args.size))

@@ -24,7 +24,7 @@ from _common import save  # noqa: E402
 
 def seeds() -> list[bytes]:
     from splitinfer.transport import wire
-    from splitinfer.transport.codecs import CODEC_NAMES
+    from splitinfer.codecs import CODEC_NAMES
 
     x = np.random.default_rng(0).random((1, 4, 6, 6), dtype=np.float32)
     msgs = [wire.Hello("p" * 64, "cam", token="t"), wire.Welcome("s"), wire.Refusal("token", "no"),

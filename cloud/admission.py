@@ -9,7 +9,7 @@ from .._types import TensorSpec
 from ..errors import PlanError
 from ..splitter.plan import Candidate, Plan
 from ..transport import wire
-from ..transport.codecs import Encoded
+from ..codecs import Encoded
 
 __all__ = ["RequestError", "check_request"]
 

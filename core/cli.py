@@ -63,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                    help="fix an input's shape (repeat per input)")
     s.add_argument("--candidates", type=_count, default=8, metavar="K", help="keep at most K candidate cuts (default 8)")
-    s.add_argument("--cut", metavar="T1,T2", help="force this cut (tensor names) besides the two ends")
+    s.add_argument("--cut", metavar="T1,T2", help="add this cut (tensor names) to the automatic candidates")
+    s.add_argument("--frames", metavar="SOURCE", default=None,
+                   help="sample frames the wire sizes are measured on: scene, synthetic, a video file or a directory of "
+                        "images (default: scene for an image input, synthetic otherwise)")
+    s.add_argument("--samples", type=_count, default=4, metavar="N", help="sample frames to measure on (default 4)")
     s.add_argument("--normalize", metavar="PIXELS",
                    help="how camera pixels become the image input: imagenet, 0-1, 0-255, or "
                         "mean=A,B,C,std=A,B,C[,scale=S][,order=bgr] (default: read from the graph; ref: models 0-1)")

@@ -55,8 +55,10 @@ class _Progress:
 
 # ---------------------------------------------------------------- rendering
 
-def _fmt_bytes(n: int) -> str:
-    return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n} B"
+def _fmt_bytes(n: float) -> str:
+    if n >= 100 * 1024:
+        return f"{n / 1024:,.0f} KiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n:.0f} B"
 
 
 def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None = None) -> None:
@@ -75,7 +77,7 @@ def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None 
     bws = list(summary["best_at_mbps"])
     table = Table(title=f"candidates (predictions: edge = split host × {a['edge_slowdown']:g} unless profiled "
                         f"on the edge, RTT {a['rtt_ms']:g} ms)", title_style="", header_style="bold")
-    for col in ("id", "cut tensors", "sends", "edge GFLOP", "cloud GFLOP", "edge ms", "cloud ms"):
+    for col in ("id", "cut tensors", "raw", f"sends ({a['codec']})", "edge GFLOP", "cloud GFLOP", "edge ms", "cloud ms"):
         table.add_column(col, justify="left" if col in ("id", "cut tensors") else "right")
     for bw in bws:
         table.add_column(f"@{float(bw):g} Mbit/s", justify="right")
@@ -88,7 +90,9 @@ def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None 
             cut = "(all-edge)"
         elif c["kind"] == "cloud":
             cut = f"(all-cloud) {cut}"
-        row = [c["id"], cut, _fmt_bytes(c["bytes"]) if c["kind"] != "edge" else "-",
+        sends = "-" if c["kind"] == "edge" else _fmt_bytes(c["sends"]) + (
+            f" {c['sends_codec']}" if c["sends_codec"] != a["codec"] else "")
+        row = [c["id"], cut, _fmt_bytes(c["bytes"]) if c["kind"] != "edge" else "-", sends,
                f"{c['flops_edge'] / 1e9:.2f}", f"{c['flops_cloud'] / 1e9:.2f}",
                "-" if c["edge_ms"] is None else f"{c['edge_ms']:.1f}",
                "-" if c["cloud_ms"] is None else f"{c['cloud_ms']:.1f}"]
@@ -101,6 +105,31 @@ def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None 
             row.append("-" if ch is None else (f"✓ {ch['max_abs_diff']:.1e}" if ch["ok"] else f"[red]✗ {ch['problem']}[/]"))
         table.add_row(*row)
     con.print(table)
+    _print_wire(summary)
+
+
+def _print_wire(summary: dict[str, Any]) -> None:
+    """Bytes per frame of each remote candidate per measured codec setting, with fidelity."""
+    from rich.table import Table
+
+    remote = [c for c in summary["candidates"] if c["wire"]]
+    if not remote:
+        return
+    labels = list(dict.fromkeys(r["codec"] + (f" q{r['quality']}" if "quality" in r else "")
+                                for c in remote for r in c["wire"]))
+    s = summary.get("wire_samples") or {}
+    table = Table(title=f"bytes per frame on the wire, measured on {s.get('frames', '?')} {s.get('source', '')} frames "
+                        "(fidelity: 1 - relative output error)", title_style="", header_style="bold")
+    table.add_column("id")
+    table.add_column("raw", justify="right")
+    for lab in labels:
+        table.add_column(lab, justify="right")
+    for c in remote:
+        by = {r["codec"] + (f" q{r['quality']}" if "quality" in r else ""): r for r in c["wire"]}
+        table.add_row(c["id"], _fmt_bytes(c["bytes"]),
+                      *(f"{_fmt_bytes(by[lab]['bytes'])} ({by[lab]['fidelity']:.3f})" if lab in by else "-"
+                        for lab in labels))
+    _console().print(table)
 
 
 # ---------------------------------------------------------------- subcommands
@@ -144,7 +173,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
                           max_candidates=args.candidates, cut=args.cut.split(",") if args.cut else None,
                           verify=not args.no_verify, verify_inputs=extra, threads=args.threads,
                           profile=not args.no_profile, force=args.force, edge_slowdown=args.edge_slowdown,
-                          normalize=_normalize(args), progress=progress)
+                          normalize=_normalize(args), frames=args.frames, samples=args.samples, progress=progress)
     summary = plan_summary(res.plan, edge_slowdown=args.edge_slowdown)
     ver = res.verification.to_json() if res.verification else None
     if args.json:
@@ -330,7 +359,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
 
     from .edge import EdgeAgent
     from .edge.agent import input_codec_for
-    from .edge.sources import frames_from
+    from .frames import frames_from
     from .splitter import Plan
 
     plan = Plan.load(args.plan)
@@ -348,7 +377,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
         except (ssl.SSLError, OSError) as exc:
             raise SplitinferError(f"--cafile {args.cafile}: not a PEM certificate: {exc}") from exc
     input_codec_for(plan, args.input_codec, args.codec)  # a refused codec is exit 2 before anything is written
-    frames = frames_from(args.source, plan, args.frames)
+    frames = frames_from(args.source, plan.inputs, args.frames)
     # line-buffered: a run that is stopped early keeps every finished frame's record
     out = open(args.out, "w", buffering=1) if args.out else None  # noqa: SIM115 - closed below
 

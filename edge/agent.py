@@ -27,10 +27,10 @@ import numpy as np
 from ..errors import PlanError, RefusedError, SplitinferError
 from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
-from ..splitter.cost_model import CostModel
+from ..splitter.cost_model import CostModel, default_input_codec, wire_ratios
 from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
-from ..transport.codecs import Encoded, encode_tensor
+from ..codecs import Encoded, encode_tensor
 from .breaker import CircuitBreaker
 from .controller import Controller, DeviceLoad
 from .device import Device
@@ -47,15 +47,6 @@ log = logging.getLogger(__name__)
 _POSTPROCESSED_BYTES = 2048.0  # a prior for a post-processed result (a few dozen detections)
 
 
-def nominal_ratio(codec: str) -> float:
-    """A prior for wire bytes / raw fp32 bytes until a candidate's real size is measured: without
-    it a never-tried candidate would be predicted at raw size and never tried (jpeg: a 640x640
-    camera frame is ~1-3 % of its fp32 tensor; activations compress less than that)."""
-    base, _, comp = codec.partition("+")
-    ratio = {"raw": 1.0, "fp16": 0.5, "int8": 0.25, "jpeg": 0.03}.get(base, 1.0)
-    return ratio * (0.7 if comp else 1.0)
-
-
 def input_codec_for(plan: Plan, input_codec: str | None, codec: str) -> str:
     """The codec an all-cloud frame's inputs travel in: ``jpeg`` by default when every image input's
     pixel format is in the plan (what a camera sends anyway), else ``codec``. Asking for ``jpeg``
@@ -63,7 +54,7 @@ def input_codec_for(plan: Plan, input_codec: str | None, codec: str) -> str:
     would be clipped to [0, 1] on the way."""
     images = [t for t in plan.inputs if t.is_image]
     if input_codec is None:
-        return "jpeg" if images and all(t.pixels is not None for t in images) else codec
+        return default_input_codec(plan, codec)
     if input_codec.partition("+")[0] == "jpeg":
         unknown = [t.name for t in images if t.pixels is None]
         if unknown:
@@ -135,8 +126,8 @@ class EdgeAgent:
         # bandwidth probes cost at most this share of what sending the frames to the cloud would:
         # they are how a better link is found while the frames stay on the device
         self.probe_budget = 0.1
-        self._prior_ratio = [nominal_ratio(self.input_codec if c.edge is None else self.codec)
-                             for c in self.plan.candidates]
+        # until a candidate's wire size is measured here: what the plan measured at split time
+        self._prior_ratio = wire_ratios(self.plan, self.codec, self.input_codec, jpeg_quality)
         self._frames = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False

@@ -26,7 +26,7 @@ from ..errors import ChannelClosed, ChannelError
 from ..splitter.plan import Candidate, Plan
 from ..transport import wire
 from ..transport.bandwidth import BandwidthMonitor
-from ..transport.codecs import Encoded
+from ..codecs import Encoded
 from .breaker import CircuitBreaker
 from .controller import Controller
 from .device import Device

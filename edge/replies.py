@@ -12,7 +12,7 @@ import numpy as np
 from ..postprocess import MAX_DETECTIONS
 from ..splitter.plan import Candidate, Plan
 from ..transport import wire
-from ..transport.codecs import Encoded
+from ..codecs import Encoded
 
 __all__ = ["BadReply", "reply_outputs"]
 

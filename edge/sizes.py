@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ..splitter.plan import Plan
-from ..transport.codecs import Encoded
+from ..codecs import Encoded
 from .controller import Controller
 
 __all__ = ["InputSizes"]

@@ -24,12 +24,46 @@ from ..errors import PlanError
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
 
-__all__ = ["CostModel", "select_profile", "NOMINAL_FLOP_PER_MS"]
+__all__ = ["CostModel", "select_profile", "NOMINAL_FLOP_PER_MS", "nominal_ratio", "wire_ratios", "default_input_codec"]
 
 # A plan split without profiling (`split --no-profile`) is priced at its FLOPs at this rate
 # (10 GFLOP/s) for both sides, the edge scaled by ``edge_slowdown``; the edge agent replaces the
 # edge times with its own measurements at start.
 NOMINAL_FLOP_PER_MS = 1e7
+
+
+def nominal_ratio(codec: str) -> float:
+    """Wire bytes / raw bytes for a plan that measured none (split before wire sizes were
+    measured, or ``measure_wire=False``): without a prior a candidate would be predicted at raw
+    size and never tried (jpeg: a 640x640 camera frame is ~1-3 % of its fp32 tensor; activations
+    compress less than that)."""
+    base, _, comp = codec.partition("+")
+    ratio = {"raw": 1.0, "fp16": 0.5, "int8": 0.25, "jpeg": 0.03}.get(base, 1.0)
+    return ratio * (0.7 if comp else 1.0)
+
+
+def default_input_codec(plan: "Plan", codec: str) -> str:
+    """What an all-cloud frame's inputs travel in unless asked: ``jpeg`` when every image input's
+    pixel format is in the plan (what a camera sends anyway), else ``codec``."""
+    images = [t for t in plan.inputs if t.is_image]
+    return "jpeg" if images and all(t.pixels is not None for t in images) else codec
+
+
+def wire_ratios(plan: "Plan", codec: str, input_codec: str | None = None, jpeg_quality: int = 90) -> list[float]:
+    """Each candidate's wire bytes / raw cut bytes when its cut travels in ``codec`` (an all-cloud
+    candidate's inputs in ``input_codec``, default :func:`default_input_codec`): as measured at
+    split time on the plan's sample frames where the plan has that setting, else
+    :func:`nominal_ratio`. Local candidates: 1 (they send nothing)."""
+    inp = input_codec or default_input_codec(plan, codec)
+    out = []
+    for c in plan.candidates:
+        if c.local or not c.cut_bytes:
+            out.append(1.0)
+            continue
+        want = inp if c.edge is None else codec
+        rung = c.rung(want, jpeg_quality)
+        out.append(rung.nbytes / c.cut_bytes if rung is not None else nominal_ratio(want))
+    return out
 
 
 def _flops_profile(plan: "Plan") -> dict[str, Any]:

@@ -53,8 +53,11 @@ class Cut:
             return "edge"
         return "split"
 
-    def nbytes(self, graph: ModelGraph) -> int:
-        return sum(graph.tensors[t].nbytes for t in self.tensors)
+    def nbytes(self, graph: ModelGraph, tensor_bytes: Mapping[str, float] | None = None) -> float:
+        """What the cut sends: ``tensor_bytes`` per tensor (measured, encoded) or raw bytes."""
+        if tensor_bytes is None:
+            return sum(graph.tensors[t].nbytes for t in self.tensors)
+        return sum(tensor_bytes.get(t, graph.tensors[t].nbytes) for t in self.tensors)
 
     def edge_flops(self, graph: ModelGraph) -> int:
         return sum(graph.nodes[i].flops for i in self.edge_nodes)
@@ -156,22 +159,27 @@ def _min_cut(g: nx.DiGraph, finite: list[tuple[object, object, int, str]], edge_
 
 
 def modelled_latency(graph: ModelGraph, cut: Cut, node_ms: Mapping[int, float], ratio: float,
-                     mbps: float) -> float:
+                     mbps: float, tensor_bytes: Mapping[str, float] | None = None) -> float:
     """The flow model's latency of ``cut`` (ms): edge nodes at ``node_ms``, cloud nodes ``ratio``
-    times faster, cut tensors at ``mbps``."""
+    times faster, cut tensors (``tensor_bytes``, else raw) at ``mbps``."""
     edge = sum(node_ms[i] for i in cut.edge_nodes)
     cloud = sum(v for i, v in node_ms.items() if i not in cut.edge_nodes) / ratio
-    sent = 0 if len(cut.edge_nodes) == len(node_ms) else cut.nbytes(graph)  # all-edge sends nothing
+    sent = 0 if len(cut.edge_nodes) == len(node_ms) else cut.nbytes(graph, tensor_bytes)  # all-edge sends nothing
     return edge + cloud + sent * 8 / (mbps * 1e3)
 
 
 def find_candidates(graph: ModelGraph, node_ms: Mapping[int, float], *, max_candidates: int = 8,
                     bandwidths_mbps: Sequence[float] = DEFAULT_BANDWIDTHS_MBPS,
-                    speed_ratios: Sequence[float] = DEFAULT_SPEED_RATIOS) -> list[Cut]:
-    """Candidate cuts, all-cloud first and all-edge last, at most ``max_candidates``.
+                    speed_ratios: Sequence[float] = DEFAULT_SPEED_RATIOS,
+                    tensor_bytes: Mapping[str, float] | None = None,
+                    forced: Sequence[Cut] = ()) -> list[Cut]:
+    """Candidate cuts, all-cloud first and all-edge last, at most ``max_candidates`` (``forced``
+    cuts are kept whatever their rank, and count towards the limit).
 
     ``node_ms`` is each non-constant node's cost on the edge (measured, or estimated from FLOPs);
-    the cloud runs a node ``ratio`` times faster for each ratio in the sweep.
+    the cloud runs a node ``ratio`` times faster for each ratio in the sweep. ``tensor_bytes`` is
+    what each tensor costs on the wire (``wire_bytes.TensorBytes.sweep_bytes``: measured, encoded);
+    without it, raw bytes.
     """
     if max_candidates < 2:
         raise CutError(f"--candidates must be at least 2 (the two ends), got {max_candidates}")
@@ -187,7 +195,8 @@ def find_candidates(graph: ModelGraph, node_ms: Mapping[int, float], *, max_cand
         cloud = {i: v / ratio for i, v in base.items()}
         for mbps in bandwidths_mbps:
             def transfer(name: str, mbps: float = mbps) -> float:
-                return graph.tensors[name].nbytes * 8 / (mbps * 1e3)
+                b = graph.tensors[name].nbytes if tensor_bytes is None else tensor_bytes.get(name, graph.tensors[name].nbytes)
+                return b * 8 / (mbps * 1e3)
 
             edge_nodes = _min_cut(flow, finite, base, cloud, transfer)
             cut = cut_from_edge_nodes(graph, edge_nodes)
@@ -195,11 +204,15 @@ def find_candidates(graph: ModelGraph, node_ms: Mapping[int, float], *, max_cand
     # Rank the split cuts by how many sweep points they are the best of all found cuts at.
     for ratio in speed_ratios:
         for mbps in bandwidths_mbps:
-            best = min(cuts.values(), key=lambda c: modelled_latency(graph, c, base, ratio, mbps))
+            best = min(cuts.values(), key=lambda c: modelled_latency(graph, c, base, ratio, mbps, tensor_bytes))
             wins[best.tensors] = wins.get(best.tensors, 0) + 1
-    middle = [c for c in cuts.values() if c.tensors not in (cloud_end.tensors, edge_end.tensors)]
-    middle.sort(key=lambda c: (-wins.get(c.tensors, 0), c.nbytes(graph)))
-    chosen = middle[: max_candidates - 2]
-    chosen.sort(key=lambda c: (sum(base[i] for i in c.edge_nodes), c.nbytes(graph)))
+    ends = (cloud_end.tensors, edge_end.tensors)
+    kept = [c for c in dict((c.tensors, c) for c in forced).values() if c.tensors not in ends]
+    if len(kept) > max_candidates - 2:
+        raise CutError(f"{len(kept)} forced cuts and the two ends exceed --candidates {max_candidates}")
+    middle = [c for c in cuts.values() if c.tensors not in ends and c.tensors not in {k.tensors for k in kept}]
+    middle.sort(key=lambda c: (-wins.get(c.tensors, 0), c.nbytes(graph, tensor_bytes)))
+    chosen = kept + middle[: max_candidates - 2 - len(kept)]
+    chosen.sort(key=lambda c: (sum(base[i] for i in c.edge_nodes), c.nbytes(graph, tensor_bytes)))
     return [cloud_end, *chosen, edge_end]
 

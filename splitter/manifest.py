@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._types import DTYPES, PixelFormat
+from ..codecs import CODEC_NAMES
 from ..errors import PlanFormatError
 
 __all__ = ["validate_manifest", "MAX_TENSOR_BYTES", "MAX_RANK"]
@@ -23,6 +24,7 @@ MAX_DIM = (1 << 31) - 1
 MAX_TENSOR_BYTES = 1 << 32  # one cut tensor, input or output: 4 GiB (ONNX models stop at 2 GiB)
 MAX_CANDIDATES = 256
 _KINDS = ("cloud", "split", "edge")
+_WIRE_CODECS = frozenset(CODEC_NAMES)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "int16": 2, "int8": 1, "uint8": 1,
              "bool": 1}
@@ -122,6 +124,34 @@ def _segment(seg: Any, where: str, files: dict[str, str]) -> None:
         raise _fail(f"{where}.batch_dynamic", "true or false", seg["batch_dynamic"])
 
 
+def _wire(rungs: Any, where: str, local: bool) -> None:
+    """A candidate's measured codec settings: [{codec, bytes, fidelity[, quality]}]."""
+    items = _list(rungs, where, 64)
+    if local and items:
+        raise _fail(where, "no codec settings for a candidate that sends nothing", items)
+    seen: set[tuple[str, Any]] = set()
+    for j, r in enumerate(items):
+        at = f"{where}[{j}]"
+        if not isinstance(r, dict) or not {"codec", "bytes", "fidelity"} <= set(r) \
+                or set(r) - {"codec", "bytes", "fidelity", "quality"}:
+            raise _fail(at, "an object {codec, bytes, fidelity[, quality]}", r)
+        codec = r["codec"]
+        if codec not in _WIRE_CODECS:
+            raise _fail(f"{at}.codec", f"one of {sorted(_WIRE_CODECS)}", codec)
+        _int(r["bytes"], f"{at}.bytes", 0, MAX_TENSOR_BYTES * 1024)
+        fid = r["fidelity"]
+        if isinstance(fid, bool) or not isinstance(fid, (int, float)) or not 0.0 <= fid <= 1.0:
+            raise _fail(f"{at}.fidelity", "a number in [0, 1]", fid)
+        q = r.get("quality")
+        if (codec == "jpeg") != (q is not None):
+            raise _fail(f"{at}.quality", "a quality for jpeg and only for jpeg", q)
+        if q is not None:
+            _int(q, f"{at}.quality", 1, 95)
+        if (codec, q) in seen:
+            raise _fail(at, "each codec setting once", r)
+        seen.add((codec, q))
+
+
 def validate_manifest(m: Mapping[str, Any]) -> None:
     """Raise :class:`PlanFormatError` naming the first field of ``m`` that is missing or wrong."""
     model = _get(m, "model", "")
@@ -180,6 +210,14 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
             _int(_get(flops, side, f"{where}.flops"), f"{where}.flops.{side}")
         if "edge_nodes" in c:
             _int(c["edge_nodes"], f"{where}.edge_nodes")
+        if c.get("wire") is not None:
+            _wire(c["wire"], f"{where}.wire", cloud is None)
+    samples = m.get("wire_samples")
+    if samples is not None:
+        if not isinstance(samples, dict):
+            raise _fail("wire_samples", "an object {source, frames}", samples)
+        _str(_get(samples, "source", "wire_samples"), "wire_samples.source", max_len=255)
+        _int(_get(samples, "frames", "wire_samples"), "wire_samples.frames", 1, 1 << 20)
     profiles = m.get("profiles")
     if profiles is not None and not isinstance(profiles, dict):
         raise _fail("profiles", "an object", profiles)

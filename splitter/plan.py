@@ -33,7 +33,7 @@ from .._types import TensorSpec
 from ..errors import PlanError, PlanFormatError, PlanIntegrityError
 from .manifest import validate_manifest
 
-__all__ = ["Plan", "Candidate", "SegmentRef", "FORMAT", "FORMAT_VERSION", "plan_hash", "sha256_file",
+__all__ = ["Plan", "Candidate", "Rung", "SegmentRef", "FORMAT", "FORMAT_VERSION", "plan_hash", "sha256_file",
            "atomic_directory", "check_destination", "external_data_files"]
 
 FORMAT = "splitinfer-plan"
@@ -107,6 +107,31 @@ class SegmentRef:
 
 
 @dataclass(frozen=True)
+class Rung:
+    """One codec setting of a candidate: mean bytes of a frame's cut tensors, and fidelity."""
+
+    codec: str
+    nbytes: int
+    fidelity: float
+    quality: int | None = None  # JPEG only
+
+    @property
+    def label(self) -> str:
+        return f"{self.codec} q{self.quality}" if self.quality is not None else self.codec
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"codec": self.codec, "bytes": self.nbytes, "fidelity": round(self.fidelity, 6)}
+        if self.quality is not None:
+            d["quality"] = self.quality
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Rung":
+        q = d.get("quality")
+        return cls(str(d["codec"]), int(d["bytes"]), float(d["fidelity"]), None if q is None else int(q))
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One way to run the model: which tensors cross, and the two segments around them."""
 
@@ -119,6 +144,7 @@ class Candidate:
     flops_edge: int
     flops_cloud: int
     edge_nodes: int = 0
+    wire: tuple[Rung, ...] = ()  # codec settings measured at split time (wire_bytes.py); () for old plans
 
     @property
     def cut_bytes(self) -> int:
@@ -147,6 +173,7 @@ class Candidate:
             "passthrough": list(self.passthrough),
             "flops": {"edge": self.flops_edge, "cloud": self.flops_cloud},
             "edge_nodes": self.edge_nodes,
+            **({"wire": [r.to_json() for r in self.wire]} if self.wire else {}),
         }
 
     @classmethod
@@ -154,7 +181,15 @@ class Candidate:
         return cls(str(d["id"]), str(d["kind"]), tuple(TensorSpec.from_json(t) for t in d["cut"]),
                    SegmentRef.from_json(d["edge"]), SegmentRef.from_json(d["cloud"]),
                    tuple(d["passthrough"]), int(d["flops"]["edge"]), int(d["flops"]["cloud"]),
-                   int(d.get("edge_nodes", 0)))
+                   int(d.get("edge_nodes", 0)), tuple(Rung.from_json(r) for r in d.get("wire") or ()))
+
+    def rung(self, codec: str, quality: int | None = None) -> Rung | None:
+        """The measured setting for ``codec`` (JPEG: the nearest measured quality), if any."""
+        if codec == "jpeg":
+            jp = [r for r in self.wire if r.codec == "jpeg" and r.quality is not None]
+            q = 90 if quality is None else quality
+            return min(jp, key=lambda r: abs(r.quality - q)) if jp else None  # type: ignore[operator]
+        return next((r for r in self.wire if r.codec == codec), None)
 
 
 @dataclass

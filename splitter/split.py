@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,9 +19,11 @@ import onnxruntime as ort
 from onnx.utils import Extractor
 
 from .. import __version__
+from .._types import TensorSpec
 from ..errors import SplitinferError, VerificationError
+from ..frames import frames_from, image_input
 from .cost_model import NOMINAL_FLOP_PER_MS
-from .cuts import Cut, cut_from_edge_nodes, cut_from_tensors, find_candidates
+from .cuts import Cut, cut_from_tensors, find_candidates
 from .graph import ModelGraph, analyse
 from .loader import LoadedModel, load_model
 from .plan import FORMAT, FORMAT_VERSION, Candidate, Plan, SegmentRef, atomic_directory, check_destination, \
@@ -30,12 +32,40 @@ from .pixels import Normalize, pixel_formats
 from .profiler import device_info, make_session, node_times, random_feeds, time_session
 from .segment import build_segments
 from .verify import DEFAULT_TOLERANCE, VerifyReport, verify_plan
+from .wire_bytes import DEFAULT_SAMPLES, TensorBytes, candidate_ladder, cut_samples, measure_tensors
 
 __all__ = ["split_model", "SplitResult", "profile_plan", "SPLIT_HOST"]
 
 SPLIT_HOST = "split-host"  # profile name of the machine that ran `split` (role "both")
 
 Progress = Callable[[str, float], None]  # (what is being done, fraction done 0..1)
+Frames = str | Iterable[Mapping[str, np.ndarray]] | None
+
+
+def _sample_frames(specs: Sequence[TensorSpec], frames: Frames, n: int) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The frames wire sizes are measured on, and what they are: given ones, a source name
+    (``scene``, ``synthetic``, a video or an image directory), else rendered road scenes for an
+    image input and random inputs otherwise."""
+    if n < 1:
+        raise SplitinferError(f"--samples must be at least 1, got {n}")
+    if frames is None:
+        frames = "scene" if image_input(specs) is not None else "synthetic"
+    if isinstance(frames, str):
+        source = frames
+        got = list(frames_from(frames, specs, n, flag="--frames"))
+    else:
+        source = "given"
+        got = []
+        for k, f in enumerate(frames):
+            if k >= n:
+                break
+            missing = [t.name for t in specs if t.name not in f]
+            if missing:
+                raise SplitinferError(f"sample frame {k}: no value for input {missing[0]!r}")
+            got.append({t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in specs})
+    if not got:
+        raise SplitinferError(f"--frames {source}: no frames")
+    return got, source
 
 
 @dataclass
@@ -67,6 +97,20 @@ def _cloud_runs_batched(model: onnx.ModelProto, graph: ModelGraph, inputs: Seque
         return True
     except Exception:
         return False
+
+
+def _with_ladders(root: str, graph: ModelGraph, candidates: list[Candidate], frames: Sequence[Mapping[str, np.ndarray]],
+                  tb: TensorBytes, pixels: Mapping[str, Any], threads: int | None) -> list[Candidate]:
+    """Each candidate with its measured codec settings (``wire_bytes.candidate_ladder``)."""
+    wanted = [t.name for c in candidates if not c.local for t in c.cut]
+    values, whole = cut_samples(graph, wanted, frames, threads=threads)
+    out = []
+    for c in candidates:
+        cloud = None if c.cloud is None else Path(root, c.cloud.file).read_bytes()
+        rungs = candidate_ladder(c.cut, cloud, c.passthrough, [t.name for t in graph.outputs], values, whole, tb,
+                                 pixels=pixels, threads=threads)
+        out.append(dataclasses.replace(c, wire=tuple(rungs)))
+    return out
 
 
 def _write_segments(root: str, graph: ModelGraph, extractor: Extractor, cid: str, cut: Cut,
@@ -144,11 +188,17 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
                 profile: bool = True, verify: bool = True, verify_inputs: Sequence[Mapping[str, np.ndarray]] = (),
                 tolerance: float = DEFAULT_TOLERANCE, threads: int | None = None, budget_s: float = 1.0,
                 force: bool = False, report: bool = True, edge_slowdown: float = 5.0,
-                normalize: Normalize = None, progress: Progress | None = None) -> SplitResult:
+                normalize: Normalize = None, frames: Frames = None, samples: int = DEFAULT_SAMPLES,
+                measure_wire: bool = True, progress: Progress | None = None) -> SplitResult:
     """Split a model into a plan directory at ``output_dir``.
 
     ``source`` is an ONNX path/bytes/``ModelProto`` or a ``torch.nn.Module`` (with
-    ``example_input``). ``cut`` forces one cut by tensor names (the two ends are always kept).
+    ``example_input``). ``cut`` adds a forced cut by tensor names to the automatic candidates.
+    Every tensor's bytes on the wire are measured per codec on ``samples`` sample frames
+    (``frames``: inputs, or a source name — ``scene``, ``synthetic``, a video file, a directory of
+    images; default rendered road scenes for an image input, random inputs otherwise): the cut
+    search prices tensors at them, and each candidate records its codec settings with bytes and
+    fidelity (``wire_bytes.py``). ``measure_wire=False`` prices raw bytes and records none.
     ``normalize`` says how camera pixels become an image input (``"imagenet"``, ``"0-1"``,
     ``"mean=…,std=…"``, a :class:`~splitinfer.PixelFormat`, or one per input name); without it the
     plan records what the graph's own first nodes show, if anything (see ``pixels.py``).
@@ -173,16 +223,22 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
     lm = load_model(source, input_shapes=input_shapes, example_input=example_input, name=name)
     graph = analyse(lm.static)
     pixels = pixel_formats(lm.static, graph, normalize)
-    step("profiling nodes", 0.05)
+    forced = [cut_from_tensors(graph, cut)] if cut else []  # a bad --cut fails before any measuring
+    tb: TensorBytes | None = None
+    sample: list[dict[str, np.ndarray]] = []
+    source = ""
+    if measure_wire:
+        step("measuring wire sizes on sample frames", 0.05)
+        specs = [dataclasses.replace(t, pixels=pixels.get(t.name)) for t in graph.inputs]
+        sample, source = _sample_frames(specs, frames, samples)
+        image = image_input(specs)
+        tb = measure_tensors(graph, sample, pixels=pixels, threads=threads,
+                             image_input=image.name if image is not None and image.pixels is not None else None)
+    step("profiling nodes", 0.1)
     costs = _node_costs(graph)
     step("finding candidate cuts", 0.15)
-    if cut:
-        forced = cut_from_tensors(graph, cut)
-        cuts = [cut_from_edge_nodes(graph, ()), forced,
-                cut_from_edge_nodes(graph, [n.index for n in graph.compute_nodes()])]
-        cuts = list({c.tensors: c for c in cuts}.values())
-    else:
-        cuts = find_candidates(graph, costs, max_candidates=max_candidates)
+    cuts = find_candidates(graph, costs, max_candidates=max_candidates, forced=forced,
+                           tensor_bytes=tb.sweep_bytes(graph) if tb is not None else None)
     extractor = Extractor(lm.static)
     with atomic_directory(output_dir, force=force) as tmp:
         (tmp / "model.onnx").write_bytes(lm.source)
@@ -196,6 +252,9 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
             step(f"writing segments {cid}", 0.2 + 0.2 * k / len(cuts))
             cand = _write_segments(str(tmp), graph, extractor, cid, c, kind)
             candidates.append(cand)
+        if tb is not None:
+            step("measuring each candidate's codec settings", 0.38)
+            candidates = _with_ladders(str(tmp), graph, candidates, sample, tb, pixels, threads)
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -207,6 +266,9 @@ def split_model(source: Any, output_dir: str | os.PathLike[str], *,
             "outputs": [t.to_json() for t in graph.outputs],
             "candidates": [c.to_json() for c in candidates],
         }
+        if tb is not None:
+            manifest["wire_samples"] = {"source": source if source in ("scene", "synthetic", "given") else
+                                        Path(source).name or source, "frames": tb.frames}
         manifest["plan_hash"] = plan_hash(manifest)
         manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         manifest["profiles"] = {}

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from splitinfer import CodecError, TensorError
-from splitinfer.transport.codecs import CODEC_NAMES, FP16_MAX, Codec, decode_tensor, encode_tensor
+from splitinfer.codecs import CODEC_NAMES, FP16_MAX, Codec, decode_tensor, encode_tensor
 
 floats32 = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=4, max_side=6),
                       elements=st.floats(-1e4, 1e4, width=32))

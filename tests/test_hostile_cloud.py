@@ -30,7 +30,7 @@ from splitinfer.cloud import CloudService  # noqa: E402
 from splitinfer.errors import FieldError, LimitError, SplitinferError  # noqa: E402
 from splitinfer.splitter import Plan, split_model  # noqa: E402
 from splitinfer.transport import TcpChannel, wire  # noqa: E402
-from splitinfer.transport.codecs import Encoded  # noqa: E402
+from splitinfer.codecs import Encoded  # noqa: E402
 
 
 def service(plan_dir, **kw):

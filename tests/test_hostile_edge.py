@@ -21,7 +21,7 @@ from splitinfer.edge import EdgeAgent
 from splitinfer.splitter import Plan
 from splitinfer.splitter.profiler import random_feeds
 from splitinfer.transport import TcpServer, wire
-from splitinfer.transport.codecs import Encoded
+from splitinfer.codecs import Encoded
 
 
 def fake_cloud(reply):

@@ -21,7 +21,7 @@ FORBIDDEN = {
     "cloud": {"edge", "demos"},
 }
 # what the shared root may be imported for by transport: only these modules
-TRANSPORT_MAY_USE = {"errors", "_types"}
+TRANSPORT_MAY_USE = {"errors", "_types", "codecs"}
 
 
 def _imports(path):

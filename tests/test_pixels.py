@@ -19,7 +19,7 @@ from splitinfer import PixelFormat
 from splitinfer.errors import PlanFormatError, SplitinferError
 from splitinfer.splitter import Plan, split_model
 from splitinfer.splitter.pixels import read_pixel_format
-from splitinfer.transport.codecs import decode_tensor, encode_tensor
+from splitinfer.codecs import decode_tensor, encode_tensor
 
 IMAGENET = PixelFormat(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitinfer import CodecError
-from splitinfer.transport.rans import SymbolTables, rans_decode, rans_encode
+from splitinfer.rans import SymbolTables, rans_decode, rans_encode
 
 
 def logistic_tables(scales, precision=14, spread=8.0):

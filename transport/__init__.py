@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .bandwidth import ActiveProber, BandwidthMonitor
 from .channel import Channel
-from .codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, encode_tensor
+from ..codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, encode_tensor
 from .memory import MemoryChannel, memory_pair
 from .netem import LinkEmulator, RateSchedule, load_trace, parse_rate
 from .tcp import TcpChannel, TcpServer, client_ssl_context, server_ssl_context

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._types import DTYPES, PixelFormat
 from ..errors import FieldError, FrameError, LimitError, ProtocolError, TensorError, VersionError
-from .codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, decoded_size, encode_tensor
+from ..codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, decoded_size, encode_tensor
 
 __all__ = [
     "PROTOCOL_VERSION", "FRAME_VERSION", "Limits", "FrameInfo", "ServerTimings", "Message", "Hello", "Welcome",
@@ -340,7 +340,7 @@ def decode(frame: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LI
 
     With ``tensors=False`` an infer or result frame's tensors are validated as far as their
     headers go (dtype, shape, codec, byte ranges, ``limits.max_decoded``) but left as
-    :class:`~splitinfer.transport.codecs.Encoded` views of the frame: nothing is decompressed
+    :class:`~splitinfer.codecs.Encoded` views of the frame: nothing is decompressed
     until the receiver has checked them and calls :func:`decode_tensors`."""
     try:
         return _decode(frame, limits, info, tensors)

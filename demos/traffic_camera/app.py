@@ -93,12 +93,16 @@ class DemoConfig:
                                                                      Path.home() / ".cache" / "splitinfer")))
 
 
+_PLAN_RECIPE = b"\0pixels=0-1\0wire=measured-v1"
+
+
 def prepare_plan(model: Path, cache: Path, progress: Any = None) -> Path:
     """Split ``model`` once; later runs reuse the plan (keyed by the model's hash)."""
     from ...splitter import Plan, split_model
 
-    # the detector takes RGB in [0, 1]: the plan records it, so all-cloud frames travel as JPEG
-    digest = hashlib.sha256(model.read_bytes() + b"\0pixels=0-1").hexdigest()[:16]
+    # the detector takes RGB in [0, 1]: the plan records it, so all-cloud frames travel as JPEG;
+    # the recipe is in the key, so a plan split another way (before wire sizes were measured) is not reused
+    digest = hashlib.sha256(model.read_bytes() + _PLAN_RECIPE).hexdigest()[:16]
     out = cache / "demo-plans" / digest
     if out.is_dir():
         with contextlib.suppress(SplitinferError):

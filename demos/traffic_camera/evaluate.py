@@ -29,7 +29,7 @@ def main() -> None:
 
     from splitinfer.postprocess import yolo_detections
     from splitinfer.splitter import Plan
-    from splitinfer.transport.codecs import decode_tensor, encode_tensor
+    from splitinfer.codecs import decode_tensor, encode_tensor
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=300)

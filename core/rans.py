@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CodecError
+from .errors import CodecError
 
 __all__ = ["SymbolTables", "rans_encode", "rans_decode", "DEFAULT_LANES", "MAX_LANES"]
 

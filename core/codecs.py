@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .._types import DTYPES, PixelFormat
-from ..errors import CodecError, TensorError
+from ._types import DTYPES, PixelFormat
+from .errors import CodecError, TensorError
 
 __all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "CODEC_NAMES", "FP16_MAX"]
 
