@@ -46,6 +46,7 @@ _nonneg = _number(float, low=0.0)
 _positive = _number(float, low=0.0, inclusive=False)
 _count = _number(int, low=1)
 _quality = _number(int, low=1, high=95)
+_fraction = _number(float, low=0.0, high=1.0)
 
 
 # ---------------------------------------------------------------- parser
@@ -150,11 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
     er.add_argument("--fps", type=_positive, default=None, help="pace the source at F frames per second")
     er.add_argument("--token-file", metavar="PATH")
     er.add_argument("--cafile", metavar="PEM", help="trust this CA (or self-signed certificate) for tls:// clouds")
-    er.add_argument("--codec", default="fp16", help="tensor codec for cut tensors (default fp16)")
+    er.add_argument("--codec", default="auto",
+                    help="codec for cut tensors: auto (default: per candidate, the cheapest setting the plan measured "
+                         "whose fidelity is at least --min-fidelity, the all-cloud input's JPEG qualities included), "
+                         "or fp16, int8, int8+lz4, int8+zstd, raw, ... for every cut")
+    er.add_argument("--min-fidelity", type=_fraction, default=0.98, metavar="F",
+                    help="with --codec auto: the least fidelity (1 - relative output error, as measured at split "
+                         "time) a setting must keep (default 0.98)")
     er.add_argument("--input-codec", default=None,
-                    help="codec for the all-cloud input (default: jpeg for an image input whose pixel format the plan "
-                         "records, else --codec)")
-    er.add_argument("--jpeg-quality", type=_quality, default=90, metavar="Q", help="JPEG quality 1-95 (default 90)")
+                    help="codec for the all-cloud input (default: as --codec auto picks; with another --codec, jpeg "
+                         "for an image input whose pixel format the plan records, else --codec)")
+    er.add_argument("--jpeg-quality", type=_quality, default=None, metavar="Q",
+                    help="send the all-cloud input as a JPEG of this quality 1-95 (default: as --codec picks, 90 "
+                         "when it is not auto)")
     er.add_argument("--threads", type=_count, default=None, help="onnxruntime threads on the edge")
     er.add_argument("--candidate", metavar="ID", help="pin one candidate (an id, edge or cloud) instead of adapting")
     er.add_argument("--policy", choices=("latency", "bytes"), default="latency")

@@ -77,7 +77,7 @@ def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None 
     bws = list(summary["best_at_mbps"])
     table = Table(title=f"candidates (predictions: edge = split host × {a['edge_slowdown']:g} unless profiled "
                         f"on the edge, RTT {a['rtt_ms']:g} ms)", title_style="", header_style="bold")
-    for col in ("id", "cut tensors", "raw", f"sends ({a['codec']})", "edge GFLOP", "cloud GFLOP", "edge ms", "cloud ms"):
+    for col in ("id", "cut tensors", "raw", f"sends (codec {a['codec']})", "edge GFLOP", "cloud GFLOP", "edge ms", "cloud ms"):
         table.add_column(col, justify="left" if col in ("id", "cut tensors") else "right")
     for bw in bws:
         table.add_column(f"@{float(bw):g} Mbit/s", justify="right")
@@ -90,8 +90,7 @@ def _print_summary(summary: dict[str, Any], verification: dict[str, Any] | None 
             cut = "(all-edge)"
         elif c["kind"] == "cloud":
             cut = f"(all-cloud) {cut}"
-        sends = "-" if c["kind"] == "edge" else _fmt_bytes(c["sends"]) + (
-            f" {c['sends_codec']}" if c["sends_codec"] != a["codec"] else "")
+        sends = "-" if c["kind"] == "edge" else f"{_fmt_bytes(c['sends'])} {c['sends_codec']}"
         row = [c["id"], cut, _fmt_bytes(c["bytes"]) if c["kind"] != "edge" else "-", sends,
                f"{c['flops_edge'] / 1e9:.2f}", f"{c['flops_cloud'] / 1e9:.2f}",
                "-" if c["edge_ms"] is None else f"{c['edge_ms']:.1f}",
@@ -376,7 +375,8 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
             ssl.create_default_context(cafile=args.cafile)
         except (ssl.SSLError, OSError) as exc:
             raise SplitinferError(f"--cafile {args.cafile}: not a PEM certificate: {exc}") from exc
-    input_codec_for(plan, args.input_codec, args.codec)  # a refused codec is exit 2 before anything is written
+    # a refused codec is exit 2 before anything is written
+    input_codec_for(plan, args.input_codec, "fp16" if args.codec == "auto" else args.codec)
     frames = frames_from(args.source, plan.inputs, args.frames)
     # line-buffered: a run that is stopped early keeps every finished frame's record
     out = open(args.out, "w", buffering=1) if args.out else None  # noqa: SIM115 - closed below
@@ -391,7 +391,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                              threads=args.threads, candidate=args.candidate, cafile=args.cafile,
                              policy=args.policy, latency_budget_ms=args.latency_budget_ms,
                              postprocess=args.postprocess, emulate_slowdown=args.emulate_slowdown,
-                             jpeg_quality=args.jpeg_quality) as agent:
+                             jpeg_quality=args.jpeg_quality, min_fidelity=args.min_fidelity) as agent:
             # models loaded and timed, connection up (or not): what comes next is the frames
             state = "connected" if agent.connected else f"not connected ({agent.last_error or 'no answer yet'})"
             print(f"edge: ready, cloud {state}", file=sys.stderr, flush=True)
@@ -408,8 +408,11 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                 if out is not None:
                     out.write(json.dumps(r.to_json()) + "\n")
             probe_bytes[0] = agent.probe_bytes
+            settings.update({c.id: st[0] + (f" q{st[1]}" if st[1] is not None else "")
+                             for c, st in zip(plan.candidates, agent.settings) if st is not None})
         return results
 
+    settings: dict[str, str] = {}  # what each remote candidate's cut travelled in
     probe_bytes = [0]  # the bandwidth probes' bytes: uplink traffic beyond the frames'
     cpu0 = _cpu_s()
     ready_cpu = [cpu0]  # when the segments were loaded and timed: the frames' CPU starts here
@@ -429,7 +432,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                        "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean())},
         "cuts": dict(cuts), "bytes_sent": int(sum(r.bytes_sent for r in results)),
         "bytes_per_frame": float(np.mean([r.bytes_sent for r in results])) if results else 0.0,
-        "probe_bytes": probe_bytes[0],
+        "probe_bytes": probe_bytes[0], "codec_settings": settings,
         "uplink_bytes_per_frame": (sum(r.bytes_sent for r in results) + probe_bytes[0]) / max(len(results), 1),
         "fallbacks": sum(r.fallback for r in results), "out": args.out,
         "cpu_ms_per_frame": cpu_s * 1e3 / max(len(results), 1),

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlanError, RefusedError, SplitinferError
+from ..errors import CodecError, PlanError, RefusedError, SplitinferError
 from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
-from ..splitter.cost_model import CostModel, default_input_codec, wire_ratios
+from ..splitter.cost_model import DEFAULT_MIN_FIDELITY, CostModel, codec_settings, default_input_codec, wire_ratios
 from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
-from ..codecs import Encoded, encode_tensor
+from ..codecs import Codec, Encoded, encode_tensor
 from .breaker import CircuitBreaker
 from .controller import Controller, DeviceLoad
 from .device import Device
@@ -75,24 +75,37 @@ class EdgeAgent:
     :meth:`stream` says it itself): the controller charges a candidate that cannot keep it."""
 
     def __init__(self, plan: Plan | str, cloud: str | None = "auto", *, token: str | None = None,
-                 codec: str = "fp16", input_codec: str | None = None, policy: str = "latency",
+                 codec: str = "auto", input_codec: str | None = None, policy: str = "latency",
                  latency_budget_ms: float | None = None, candidate: str | None = None, max_inflight: int = 2,
                  postprocess: str | None = None, threads: int | None = None, edge_slowdown: float = 1.0,
                  monitor: BandwidthMonitor | None = None, connect_timeout_s: float = 5.0,
                  cafile: str | None = None, client_id: str = "edge", emulate_slowdown: float = 1.0,
-                 downlink_mbps: float | None = None, warmup: bool = True, jpeg_quality: int = 90,
-                 fps: float | None = None) -> None:
+                 downlink_mbps: float | None = None, warmup: bool = True, jpeg_quality: int | None = None,
+                 fps: float | None = None, min_fidelity: float = DEFAULT_MIN_FIDELITY) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
-        if not 1 <= jpeg_quality <= 95:
+        if jpeg_quality is not None and not 1 <= jpeg_quality <= 95:
             raise SplitinferError(f"jpeg_quality must be 1-95, got {jpeg_quality}")
-        self.jpeg_quality = jpeg_quality
+        if jpeg_quality is not None and input_codec is None and default_input_codec(self.plan, "fp16") == "jpeg":
+            input_codec = "jpeg"  # a quality asked for is the all-cloud input's, not the ladder's pick
+        self.jpeg_quality = 90 if jpeg_quality is None else jpeg_quality
         if fps is not None and not (math.isfinite(fps) and fps > 0):
             raise SplitinferError(f"fps must be a positive number, got {fps}")
         self._pixels = {t.name: t.pixels for t in self.plan.inputs if t.pixels is not None}
         if postprocess and postprocess not in POSTPROCESSORS:
             raise SplitinferError(f"postprocess must be one of {sorted(POSTPROCESSORS)}, got {postprocess!r}")
         self.cloud_url = cloud
-        self.codec, self.input_codec = codec, input_codec_for(self.plan, input_codec, codec)
+        if not 0.0 <= min_fidelity <= 1.0:
+            raise SplitinferError(f"min_fidelity must be in [0, 1], got {min_fidelity}")
+        if codec != "auto":
+            try:
+                Codec.parse(codec)
+            except (CodecError, ValueError) as exc:
+                raise SplitinferError(f"codec: {exc}") from None
+        self.codec = codec
+        self.input_codec = input_codec_for(self.plan, input_codec, "fp16" if codec == "auto" else codec)
+        # what each candidate's cut travels in: with "auto", its cheapest setting measured at split
+        # time that keeps min_fidelity (fewer bytes for the same cut are never slower)
+        self.settings = codec_settings(self.plan, codec, input_codec, self.jpeg_quality, min_fidelity)
         self.pinned = self._resolve(candidate) if candidate else None
         self.max_inflight = max(1, max_inflight)
         self.postprocess = postprocess or ""
@@ -118,7 +131,7 @@ class EdgeAgent:
         self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
         # even while they are not used (sizes.py); a race of one measures it too
-        self.sizes = InputSizes(self.plan, self.controller, lambda k, v: self._encode(k, v, self.input_codec))
+        self.sizes = InputSizes(self.plan, self.controller, self._encode_for)
         self._input_only = self.sizes.input_only
         self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
         if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
@@ -127,7 +140,7 @@ class EdgeAgent:
         # they are how a better link is found while the frames stay on the device
         self.probe_budget = 0.1
         # until a candidate's wire size is measured here: what the plan measured at split time
-        self._prior_ratio = wire_ratios(self.plan, self.codec, self.input_codec, jpeg_quality)
+        self._prior_ratio = wire_ratios(self.plan, codec, input_codec, self.jpeg_quality, min_fidelity)
         self._frames = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -231,15 +244,18 @@ class EdgeAgent:
             out = backend.run(feeds)
             self.controller.observe_edge(i, (time.perf_counter() - t) * 1e3)
             if not cand.local:
-                for v in cand.cut_feed(zeros, out).values():
-                    encode_tensor(v, self.codec)
-        if self.pinned is None or self.plan.candidates[self.pinned].edge is None:
-            for k, v in zeros.items():
-                self._encode(k, v, self.input_codec)
+                for k, v in cand.cut_feed(zeros, out).items():
+                    self._encode_for(i, k, v)
+        for i in self.sizes.input_only:
+            if self.pinned is None or self.pinned == i:
+                for k, v in zeros.items():
+                    self._encode_for(i, k, v)
 
-    def _encode(self, name: str, value: np.ndarray, codec: str) -> Encoded:
-        """One tensor for the wire; a model input as JPEG goes back to its camera pixels first."""
-        return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=self.jpeg_quality)
+    def _encode_for(self, i: int, name: str, value: np.ndarray) -> Encoded:
+        """One tensor of candidate ``i``'s cut for the wire, in that candidate's setting; a model
+        input as JPEG goes back to its camera pixels first."""
+        codec, quality = self.settings[i] or ("raw", None)
+        return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=quality)
 
     async def _sample_sizes_later(self, inputs: Mapping[str, np.ndarray]) -> None:
         due = self.sizes.due()
@@ -433,11 +449,11 @@ class EdgeAgent:
             return out
 
         if cloud_ok and self.remote is not None:  # a pinned candidate too: an open breaker means the cloud is not asked
-            codec = self.input_codec if cand.edge is None else self.codec
+            codec = (self.settings[i] or ("raw", None))[0]
             enc = encoded.get(i)
             if enc is None:  # (else encoded already, when its size was sampled)
                 t = time.perf_counter()
-                enc = {k: self._encode(k, v, codec) for k, v in cut.items()}
+                enc = {k: self._encode_for(i, k, v) for k, v in cut.items()}
                 timings["encode_ms"] = (time.perf_counter() - t) * 1e3
                 self.controller.observe_encode(i, timings["encode_ms"])
             self.sizes.mark(i)

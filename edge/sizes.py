@@ -25,7 +25,7 @@ __all__ = ["InputSizes"]
 class InputSizes:
     """When each all-cloud candidate (``input_only``) was last sized, and the sizing itself."""
 
-    def __init__(self, plan: Plan, controller: Controller, encode: Callable[[str, np.ndarray], Encoded],
+    def __init__(self, plan: Plan, controller: Controller, encode: Callable[[int, str, np.ndarray], Encoded],
                  every_s: float = 10.0) -> None:
         self.plan, self.controller, self.encode_one = plan, controller, encode
         self.every_s = every_s
@@ -46,7 +46,7 @@ class InputSizes:
         return due
 
     def encode(self, due: list[int], inputs: Mapping[str, np.ndarray]) -> dict[int, dict[str, Encoded]]:
-        return {i: {t.name: self.encode_one(t.name, inputs[t.name]) for t in self.plan.candidates[i].cut}
+        return {i: {t.name: self.encode_one(i, t.name, inputs[t.name]) for t in self.plan.candidates[i].cut}
                 for i in due}
 
     def observe(self, encoded: dict[int, dict[str, Encoded]]) -> None:

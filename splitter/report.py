@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost_model import CostModel, default_input_codec, wire_ratios
+from .cost_model import CostModel, Setting, codec_settings, wire_ratios
 from .plan import Plan
 
 __all__ = ["plan_summary", "write_report_png", "TABLE_BANDWIDTHS_MBPS", "DEFAULT_RTT_MS"]
@@ -25,14 +25,18 @@ def _cost_model(plan: Plan, edge_slowdown: float) -> CostModel | None:
         return None  # a plan split without profiling has no times
 
 
+def _label(setting: Setting | None) -> str | None:
+    return None if setting is None else setting[0] + (f" q{setting[1]}" if setting[1] is not None else "")
+
+
 def plan_summary(plan: Plan, *, edge_slowdown: float = 5.0, rtt_ms: float = DEFAULT_RTT_MS,
-                 bandwidths_mbps: Sequence[float] = TABLE_BANDWIDTHS_MBPS, codec: str = "fp16") -> dict[str, Any]:
+                 bandwidths_mbps: Sequence[float] = TABLE_BANDWIDTHS_MBPS, codec: str = "auto") -> dict[str, Any]:
     """A JSON-ready summary: the model, and each candidate's cut, raw bytes, bytes on the wire per
     measured codec setting (with fidelity), FLOPs, times, and predictions with the cut in ``codec``
-    (an all-cloud candidate's input as the edge agent sends it by default)."""
+    (``auto``: each candidate's setting as the edge agent picks it by default)."""
     cm = _cost_model(plan, edge_slowdown)
     ratios = wire_ratios(plan, codec)
-    input_codec = default_input_codec(plan, codec)
+    settings = codec_settings(plan, codec)
     preds = {bw: cm.predict(bw, rtt_ms, byte_ratio=ratios) for bw in bandwidths_mbps} if cm else {}
     best = {bw: cm.ids[int(np.argmin(p))] for bw, p in preds.items()} if cm else {}
     rows = []
@@ -41,7 +45,7 @@ def plan_summary(plan: Plan, *, edge_slowdown: float = 5.0, rtt_ms: float = DEFA
             "id": c.id, "kind": c.kind,
             "cut": [t.name for t in c.cut], "cut_shapes": [list(t.shape) for t in c.cut],
             "bytes": c.cut_bytes, "sends": round(c.cut_bytes * ratios[i]) if not c.local else 0,
-            "sends_codec": None if c.local else input_codec if c.edge is None else codec,
+            "sends_codec": _label(settings[i]),
             "wire": [r.to_json() for r in c.wire],
             "flops_edge": c.flops_edge, "flops_cloud": c.flops_cloud,
             "edge_ms": cm.edge_ms[i] if cm else None, "cloud_ms": cm.cloud_ms[i] if cm else None,
@@ -54,7 +58,7 @@ def plan_summary(plan: Plan, *, edge_slowdown: float = 5.0, rtt_ms: float = DEFA
         "inputs": [t.to_json() for t in plan.inputs], "outputs": [t.to_json() for t in plan.outputs],
         "profiles": {k: {"role": v.get("role"), "host": v.get("host"), "whole_ms": v.get("whole_ms"),
                          "measured_at": v.get("measured_at")} for k, v in plan.profiles.items()},
-        "assumptions": {"edge_slowdown": edge_slowdown, "rtt_ms": rtt_ms, "codec": codec, "input_codec": input_codec},
+        "assumptions": {"edge_slowdown": edge_slowdown, "rtt_ms": rtt_ms, "codec": codec},
         "wire_samples": plan.manifest.get("wire_samples"),
         "best_at_mbps": {str(k): v for k, v in best.items()},
         "candidates": rows,
@@ -87,9 +91,9 @@ def _wire_panel(ax: Any, plan: Plan, colors: Any) -> None:
 
 
 def write_report_png(plan: Plan, path: str | Path, *, edge_slowdown: float = 5.0,
-                     rtt_ms: float = DEFAULT_RTT_MS, codec: str = "fp16") -> bool:
-    """Write the latency-vs-bandwidth plot (predictions with the cut in ``codec``, the all-cloud
-    input as the agent sends it by default) and, for a plan with measured wire sizes, the bytes of
+                     rtt_ms: float = DEFAULT_RTT_MS, codec: str = "auto") -> bool:
+    """Write the latency-vs-bandwidth plot (predictions with each cut in the setting ``codec``
+    gives it, by default the edge agent's) and, for a plan with measured wire sizes, the bytes of
     every candidate per codec setting. False (nothing written) without matplotlib or times."""
     cm = _cost_model(plan, edge_slowdown)
     if cm is None:
@@ -103,7 +107,7 @@ def write_report_png(plan: Plan, path: str | Path, *, edge_slowdown: float = 5.0
         return False
     bws = np.geomspace(0.1, 1000, 300)
     ratios = wire_ratios(plan, codec)
-    input_codec = default_input_codec(plan, codec)
+    settings = codec_settings(plan, codec)
     pred = np.array([cm.predict(float(b), rtt_ms, byte_ratio=ratios) for b in bws])  # (bandwidths, candidates)
     best = pred.min(1)
     winner = pred.argmin(1)
@@ -114,7 +118,7 @@ def write_report_png(plan: Plan, path: str | Path, *, edge_slowdown: float = 5.0
     colors = plt.get_cmap("tab10")
     for i, cid in enumerate(cm.ids):
         c = plan.candidates[i]
-        sent = f"{c.cut_bytes * ratios[i] / 1024:.1f} KiB {input_codec if c.edge is None else codec}"
+        sent = f"{c.cut_bytes * ratios[i] / 1024:.1f} KiB {_label(settings[i])}"
         label = f"{cid} ({sent})" if not c.local else f"{cid} (local)"
         ax.plot(bws, pred[:, i], color=colors(i % 10), lw=1.3, label=label)
     ax.plot(bws, best, color="black", lw=3, ls="--", alpha=0.6, label="best envelope")
@@ -130,7 +134,7 @@ def write_report_png(plan: Plan, path: str | Path, *, edge_slowdown: float = 5.0
     ax.set_ylabel("predicted end-to-end latency (ms)")
     ax.set_title(f"{plan.name}: predicted latency per candidate cut\n"
                  f"(edge = split host × {edge_slowdown:g} unless profiled on the edge; RTT {rtt_ms:g} ms; "
-                 f"cuts in {codec}, input in {input_codec})", fontsize=10)
+                 f"codec {codec})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     if has_wire:

@@ -16,7 +16,7 @@ from test_cli import last_json, run
 
 from splitinfer.errors import PlanFormatError, SplitinferError
 from splitinfer.splitter import Plan, split_model
-from splitinfer.splitter.cost_model import nominal_ratio, wire_ratios
+from splitinfer.splitter.cost_model import codec_settings, nominal_ratio, wire_ratios
 
 
 def sparse_then_heavy(channels: int = 32, size: int = 24) -> "object":
@@ -140,7 +140,7 @@ def test_split_measures_on_a_directory_of_images_and_refuses_a_bad_one(tmp_path,
     out = last_json(p)
     assert out["wire_samples"] == {"source": "frames", "frames": 2}
     cloud = next(c for c in out["candidates"] if c["id"] == "cloud")
-    assert cloud["sends_codec"] == "jpeg" and 0 < cloud["sends"] < cloud["bytes"] / 20
+    assert cloud["sends_codec"].startswith("jpeg q") and 0 < cloud["sends"] < cloud["bytes"] / 20
     (frames / "3.png").write_bytes(b"not a png")
     p = run("split", yolo_onnx, "-o", tmp_path / "plan2", "--normalize", "0-1", "--frames", frames)
     assert p.returncode == 2 and "3.png: not a readable image" in p.stderr
@@ -151,3 +151,76 @@ def test_a_sample_source_that_does_not_fit_the_model_is_an_error(tmp_path, trans
     with pytest.raises(SplitinferError, match=r"the scene source needs a model with one \(1, 3, H, W\) float input"):
         split_model(transformer_onnx, tmp_path / "p", frames="scene", report=False, budget_s=0.01)
     assert not (tmp_path / "p").exists()
+
+
+def test_auto_takes_each_candidates_cheapest_setting_that_keeps_the_fidelity_floor(yolo_plan):
+    plan = Plan.load(yolo_plan)
+    for floor in (0.0, 0.99, 1.0):
+        for c, st in zip(plan.candidates, codec_settings(plan, "auto", min_fidelity=floor)):
+            if c.local:
+                assert st is None
+                continue
+            ok = [r for r in c.wire if r.fidelity >= floor]
+            if ok:
+                assert c.rung(*st).nbytes == min(r.nbytes for r in ok)
+                assert c.rung(*st).fidelity >= floor
+            else:  # nothing measured keeps the floor: the safe default
+                assert st == (("jpeg", 90) if c.edge is None else ("fp16", None))
+    explicit = codec_settings(plan, "int8+lz4")
+    assert explicit[0] == ("jpeg", 90) and set(explicit[1:-1]) == {("int8+lz4", None)} and explicit[-1] is None
+    assert codec_settings(plan, "auto", input_codec="fp16")[0] == ("fp16", None)  # an asked input codec stands
+
+
+def test_a_jpeg_ladder_rung_is_chosen_by_its_fidelity(tmp_path, yolo_onnx):
+    """The all-cloud JPEG qualities are rungs like any other: a floor below a lower quality's
+    fidelity picks it (fewer bytes); a floor above every JPEG's keeps a codec that has it."""
+    plan = Plan.load(split_model(yolo_onnx, tmp_path / "p", normalize="0-1", report=False, budget_s=0.02).plan.path)
+    cloud = plan.candidate("cloud")
+    jpeg = sorted((r for r in cloud.wire if r.codec == "jpeg"), key=lambda r: r.nbytes)
+    i = [c.id for c in plan.candidates].index("cloud")
+    assert codec_settings(plan, min_fidelity=jpeg[0].fidelity)[i] == ("jpeg", jpeg[0].quality)
+    best = max(r.fidelity for r in cloud.wire)
+    picked = codec_settings(plan, min_fidelity=best)[i]
+    assert cloud.rung(*picked).fidelity == best
+
+
+def test_the_agent_sends_each_cut_in_its_setting_and_the_cloud_decodes_it(yolo_plan):
+    """Against a real cloud, each remote candidate pinned in turn: the frame's bytes are what the
+    plan measured for the setting auto picks (the split measured these very scene frames), and
+    the outputs are the whole model's within that setting's fidelity."""
+    from conftest import arun
+
+    pytest.importorskip("aiohttp")
+    import onnxruntime as ort
+
+    from splitinfer.cloud import CloudService
+    from splitinfer.edge import EdgeAgent
+    from splitinfer.frames import scene_frames
+
+    plan = Plan.load(yolo_plan)
+    frames = list(scene_frames(plan.inputs, 2))
+    whole = ort.InferenceSession(str(plan.model_file))
+    want = [whole.run(None, f)[0] for f in frames]
+    settings = codec_settings(plan, "auto")
+
+    async def main():
+        got = {}
+        async with CloudService([yolo_plan], listen=("127.0.0.1", 0), http=None, advertise=False) as svc:
+            for c in plan.candidates:
+                if c.local:
+                    continue
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{svc.port}", candidate=c.id) as ag:
+                    got[c.id] = [await ag.infer(f) for f in frames]
+        return got
+
+    got = arun(main(), timeout=120)
+    for i, c in enumerate(plan.candidates):
+        if c.local:
+            continue
+        rung = c.rung(*settings[i])
+        for r, w in zip(got[c.id], want):
+            assert r.placement in ("cloud", "split") and r.candidate == c.id and not r.fallback
+            assert abs(r.bytes_sent - rung.nbytes) <= 0.1 * rung.nbytes + 64, (c.id, settings[i], r.bytes_sent)
+            y = r.outputs[plan.output_names[0]]
+            err = np.linalg.norm(y - w) / np.linalg.norm(w)
+            assert err <= (1 - rung.fidelity) * 1.5 + 1e-5, (c.id, settings[i], err)
