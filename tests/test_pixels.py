@@ -80,17 +80,24 @@ def test_a_normalised_input_over_jpeg_matches_the_whole_model(normalised_plan):
     assert x.min() < -0.5 and x.max() > 1.2  # a normalised input: far outside [0, 1]
     sess = make_session(str(plan.model_file))
     want = sess.run(None, {"input": x})[0]
-    # what JPEG itself costs: the model on the JPEG's own pixels
-    enc = encode_tensor(x, "jpeg", pixels=IMAGENET)
-    via_jpeg = sess.run(None, {"input": decode_tensor(enc, pixels=IMAGENET)})[0]
     clipped = sess.run(None, {"input": decode_tensor(encode_tensor(x, "jpeg"))})[0]  # the old [0, 1] clip
+    enc = encode_tensor(x, "jpeg", pixels=IMAGENET)  # what JPEG itself costs: the model on its own pixels
+    via_jpeg = sess.run(None, {"input": decode_tensor(enc, pixels=IMAGENET)})[0]
 
     async def main():
         async with CloudService([plan], listen=("127.0.0.1", 0), http=None, advertise=False) as svc:
-            async with EdgeAgent(plan, f"tcp://127.0.0.1:{svc.port}", candidate="cloud") as ag:
-                assert ag.input_codec == "jpeg"  # the default for an image input of known format
-                return await ag.infer({"input": x})
-    r = arun(main(), timeout=60)
+            url = f"tcp://127.0.0.1:{svc.port}"
+            async with EdgeAgent(plan, url, candidate="cloud", input_codec="jpeg") as ag:
+                r = await ag.infer({"input": x})
+            async with EdgeAgent(plan, url, candidate="cloud") as ag:  # the defaults: the plan's cheapest setting
+                setting = ag.settings[[c.id for c in plan.candidates].index("cloud")]
+                return r, await ag.infer({"input": x}), setting
+    r, r_auto, setting = arun(main(), timeout=60)
+    rung = plan.candidate("cloud").rung(*setting)
+    assert rung is not None and rung.fidelity >= 0.98
+    assert r_auto.placement == "cloud" and not r_auto.fallback
+    err = np.linalg.norm(r_auto.outputs["output"] - want) / np.linalg.norm(want)
+    assert err <= 1.5 * (1 - rung.fidelity) + 1e-6, (setting, err)  # what the plan measured for that setting
     assert r.placement == "cloud" and not r.fallback, r.fallback_reason
     got = r.outputs["output"]
     scale = np.abs(want).max()
