@@ -357,7 +357,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .edge import EdgeAgent
-    from .edge.agent import input_codec_for
+    from .splitter.wire_settings import input_codec_for
     from .frames import frames_from
     from .splitter import Plan
 

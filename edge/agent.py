@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import CodecError, PlanError, RefusedError, SplitinferError
 from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
-from ..splitter.cost_model import DEFAULT_MIN_FIDELITY, CostModel, codec_settings, default_input_codec, wire_ratios
+from ..splitter.cost_model import CostModel
+from ..splitter.wire_settings import DEFAULT_MIN_FIDELITY, codec_settings, default_input_codec, input_codec_for, wire_ratios
 from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
 from ..codecs import Codec, Encoded, encode_tensor
@@ -40,29 +41,11 @@ from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
 from .sizes import InputSizes
 
-__all__ = ["EdgeAgent", "input_codec_for"]
+__all__ = ["EdgeAgent"]
 
 log = logging.getLogger(__name__)
 
 _POSTPROCESSED_BYTES = 2048.0  # a prior for a post-processed result (a few dozen detections)
-
-
-def input_codec_for(plan: Plan, input_codec: str | None, codec: str) -> str:
-    """The codec an all-cloud frame's inputs travel in: ``jpeg`` by default when every image input's
-    pixel format is in the plan (what a camera sends anyway), else ``codec``. Asking for ``jpeg``
-    on an image input whose pixel format the plan does not know is refused: a normalised input
-    would be clipped to [0, 1] on the way."""
-    images = [t for t in plan.inputs if t.is_image]
-    if input_codec is None:
-        return default_input_codec(plan, codec)
-    if input_codec.partition("+")[0] == "jpeg":
-        unknown = [t.name for t in images if t.pixels is None]
-        if unknown:
-            raise SplitinferError(f"--input-codec jpeg: the plan does not record how camera pixels become input "
-                                  f"{unknown[0]!r} (scale, mean/std, channel order); split the model again with "
-                                  f"--normalize (e.g. --normalize imagenet, --normalize 0-1, or "
-                                  f"--normalize mean=A,B,C,std=A,B,C)")
-    return input_codec
 
 
 class EdgeAgent:

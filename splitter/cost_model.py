@@ -24,80 +24,12 @@ from ..errors import PlanError
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
 
-__all__ = ["CostModel", "select_profile", "NOMINAL_FLOP_PER_MS", "nominal_ratio", "wire_ratios", "default_input_codec",
-           "codec_settings", "DEFAULT_MIN_FIDELITY", "Setting"]
+__all__ = ["CostModel", "select_profile", "NOMINAL_FLOP_PER_MS"]
 
 # A plan split without profiling (`split --no-profile`) is priced at its FLOPs at this rate
 # (10 GFLOP/s) for both sides, the edge scaled by ``edge_slowdown``; the edge agent replaces the
 # edge times with its own measurements at start.
 NOMINAL_FLOP_PER_MS = 1e7
-
-
-def nominal_ratio(codec: str) -> float:
-    """Wire bytes / raw bytes for a plan that measured none (split before wire sizes were
-    measured, or ``measure_wire=False``): without a prior a candidate would be predicted at raw
-    size and never tried (jpeg: a 640x640 camera frame is ~1-3 % of its fp32 tensor; activations
-    compress less than that)."""
-    base, _, comp = codec.partition("+")
-    ratio = {"raw": 1.0, "fp16": 0.5, "int8": 0.25, "jpeg": 0.03}.get(base, 1.0)
-    return ratio * (0.7 if comp else 1.0)
-
-
-def default_input_codec(plan: "Plan", codec: str) -> str:
-    """What an all-cloud frame's inputs travel in unless asked: ``jpeg`` when every image input's
-    pixel format is in the plan (what a camera sends anyway), else ``codec``."""
-    images = [t for t in plan.inputs if t.is_image]
-    return "jpeg" if images and all(t.pixels is not None for t in images) else codec
-
-
-DEFAULT_MIN_FIDELITY = 0.98
-Setting = tuple[str, "int | None"]  # a codec and, for jpeg, its quality
-
-
-def codec_settings(plan: "Plan", codec: str = "auto", input_codec: str | None = None, jpeg_quality: int = 90,
-                   min_fidelity: float = DEFAULT_MIN_FIDELITY) -> list[Setting | None]:
-    """What each candidate's cut travels in (None for a local candidate, which sends nothing).
-
-    ``codec="auto"``: the candidate's cheapest setting measured at split time whose fidelity is at
-    least ``min_fidelity`` — for the same cut, fewer bytes are never slower, so this is each
-    candidate's best setting on any link — the all-cloud input's JPEG qualities included (a ladder
-    like any other); a candidate with no such measurement travels in fp16 (its input as JPEG
-    q``jpeg_quality`` when the plan knows its pixel format). An explicit ``codec`` is used for
-    every cut, and an all-cloud candidate's inputs go in ``input_codec`` (default
-    :func:`default_input_codec`) at ``jpeg_quality``."""
-    out: list[Setting | None] = []
-    for c in plan.candidates:
-        if c.local:
-            out.append(None)
-            continue
-        all_cloud = c.edge is None
-        if codec == "auto" and not (all_cloud and input_codec is not None):
-            ok = [r for r in c.wire if r.fidelity >= min_fidelity]
-            if ok:
-                best = min(ok, key=lambda r: (r.nbytes, -r.fidelity))
-                out.append((best.codec, best.quality))
-                continue
-            fallback = default_input_codec(plan, "fp16") if all_cloud else "fp16"
-        else:
-            fallback = (input_codec or default_input_codec(plan, "fp16" if codec == "auto" else codec)) if all_cloud \
-                else codec
-        out.append((fallback, jpeg_quality if fallback == "jpeg" else None))
-    return out
-
-
-def wire_ratios(plan: "Plan", codec: str = "auto", input_codec: str | None = None, jpeg_quality: int = 90,
-                min_fidelity: float = DEFAULT_MIN_FIDELITY) -> list[float]:
-    """Each candidate's wire bytes / raw cut bytes with the settings :func:`codec_settings` picks:
-    as measured at split time on the plan's sample frames where the plan has that setting, else
-    :func:`nominal_ratio`. Local candidates: 1 (they send nothing)."""
-    out: list[float] = []
-    for c, st in zip(plan.candidates, codec_settings(plan, codec, input_codec, jpeg_quality, min_fidelity)):
-        if st is None or not c.cut_bytes:
-            out.append(1.0)
-            continue
-        rung = c.rung(st[0], st[1])  # jpeg: the nearest quality measured, a better prior than none
-        out.append(rung.nbytes / c.cut_bytes if rung is not None else nominal_ratio(st[0]))
-    return out
 
 
 def _flops_profile(plan: "Plan") -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .cost_model import CostModel, Setting, codec_settings, wire_ratios
+from .cost_model import CostModel
+from .wire_settings import Setting, codec_settings, wire_ratios
 from .plan import Plan
 
 __all__ = ["plan_summary", "write_report_png", "TABLE_BANDWIDTHS_MBPS", "DEFAULT_RTT_MS"]

@@ -16,7 +16,7 @@ from test_cli import last_json, run
 
 from splitinfer.errors import PlanFormatError, SplitinferError
 from splitinfer.splitter import Plan, split_model
-from splitinfer.splitter.cost_model import codec_settings, nominal_ratio, wire_ratios
+from splitinfer.splitter.wire_settings import codec_settings, nominal_ratio, wire_ratios
 
 
 def sparse_then_heavy(channels: int = 32, size: int = 24) -> "object":
