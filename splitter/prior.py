@@ -21,7 +21,7 @@ import numpy as np
 
 from ..rans import MAX_SYMBOLS, SymbolTables
 
-__all__ = ["logistic_tables", "logistic_bits", "DEFAULT_TAIL_SCALES"]
+__all__ = ["logistic_tables", "logistic_bits", "logistic_bits_torch", "DEFAULT_TAIL_SCALES"]
 
 DEFAULT_TAIL_SCALES = 12.0  # a logistic's mass beyond 12 scales is ~6e-6 on each side
 
@@ -62,3 +62,20 @@ def logistic_bits(q: np.ndarray, mu: np.ndarray, scale: np.ndarray, channel_axis
     s = np.asarray(scale, np.float64).reshape(shape)
     p = _cdf((q + 0.5 - m) / s) - _cdf((q - 0.5 - m) / s)
     return float(-np.log2(np.maximum(p, 1e-300)).sum())
+
+
+def logistic_bits_torch(y: Any, mu: Any, log_scale: Any, channel_axis: int = 1) -> Any:
+    """Training's rate term: the code length (bits, a torch scalar) of latent ``y`` (the latent plus
+    uniform noise in training, its rounding at export) under the learned per-channel prior
+    (``mu``, ``log_scale``: parameters, one per channel). The same masses as :func:`logistic_bits`,
+    computed stably in torch so that gradients reach the latent and the prior."""
+    import torch
+
+    shape = [1] * y.dim()
+    shape[channel_axis] = -1
+    m = mu.reshape(shape)
+    inv = torch.exp(-log_scale).reshape(shape)
+    upper = torch.sigmoid((y + 0.5 - m) * inv)
+    lower = torch.sigmoid((y - 0.5 - m) * inv)
+    p = (upper - lower).clamp_min(1e-9)
+    return -torch.log2(p).sum()

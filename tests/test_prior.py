@@ -43,3 +43,18 @@ def test_a_wide_prior_keeps_its_likeliest_values():
     assert t.hi()[0] - t.lo[0] + 1 == 255 and t.lo[0] <= 3 <= t.hi()[0]
     with pytest.raises(ValueError, match="scale > 0"):
         logistic_tables([0.0], [0.0])
+
+
+def test_the_training_rate_is_the_code_length_the_tables_give():
+    torch = pytest.importorskip("torch")
+    from splitinfer.splitter.prior import logistic_bits_torch
+
+    mu, scale = np.array([0.5, -2.0, 1.0]), np.array([0.8, 2.0, 0.3])
+    q = np.round(np.random.default_rng(3).logistic(mu[:, None], scale[:, None], (3, 64))).reshape(1, 3, 8, 8)
+    mu_t = torch.tensor(mu, requires_grad=True)
+    log_s = torch.tensor(np.log(scale), requires_grad=True)
+    y = torch.tensor(q, requires_grad=True)
+    bits = logistic_bits_torch(y, mu_t, log_s)
+    assert float(bits.detach()) == pytest.approx(logistic_bits(q, mu, scale), rel=1e-6)
+    bits.backward()
+    assert y.grad is not None and mu_t.grad is not None and log_s.grad is not None
