@@ -35,7 +35,7 @@ import numpy as np
 from ._types import DTYPES, PixelFormat
 from .errors import CodecError, TensorError
 
-__all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "CODEC_NAMES", "FP16_MAX"]
+__all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "compressed", "CODEC_NAMES", "FP16_MAX"]
 
 BASES = ("raw", "fp16", "int8")
 COMPRESSORS = ("lz4", "zstd")
@@ -196,6 +196,17 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw", *, pixels: Pixe
     if c.compressor:
         payload = _compress(payload, c.compressor)
     return Encoded(arr.dtype.name, shape, c.name, payload, quant)
+
+
+def compressed(enc: Encoded, compressor: str) -> Encoded:
+    """``enc`` (encoded without a compressor) with ``compressor`` applied: the same bytes as encoding
+    with ``base+compressor`` in the first place, without quantising again (for measuring one tensor
+    under several compressors)."""
+    c = Codec.parse(enc.codec)
+    if c.compressor is not None or c.base == "jpeg" or compressor not in COMPRESSORS:
+        raise CodecError(f"compressed(): expected an uncompressed tensor codec and one of {COMPRESSORS}, "
+                         f"got {enc.codec!r} and {compressor!r}")
+    return Encoded(enc.dtype, enc.shape, f"{c.base}+{compressor}", _compress(enc.payload, compressor), enc.quant)
 
 
 def _jpeg_encode(arr: np.ndarray, pixels: PixelFormat, quality: int) -> bytes:

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from .._types import PixelFormat, TensorSpec
-from ..codecs import Codec, decode_tensor, encode_tensor
+from ..codecs import Codec, compressed, decode_tensor, encode_tensor
 from ..errors import CodecError
 from .graph import ModelGraph
 from .plan import Rung
@@ -88,11 +88,16 @@ def _cuttable(graph: ModelGraph) -> list[str]:
 
 def _sizes(arr: np.ndarray, pixels: PixelFormat | None, is_image: bool) -> dict[str, int]:
     out: dict[str, int] = {}
+    bases: dict[str, Any] = {}
     for codec in MEASURED_CODECS:
+        base, _, comp = codec.partition("+")
         try:
-            out[codec] = encode_tensor(arr, codec).nbytes
+            if base not in bases:
+                bases[base] = encode_tensor(arr, base)  # quantised once, then compressed each way
+            enc = bases[base] if not comp else compressed(bases[base], comp)
         except CodecError:
-            pass
+            continue
+        out[codec] = enc.nbytes
     if is_image:
         for q in sorted({*JPEG_QUALITIES, JPEG_DEFAULT_QUALITY}):
             out[f"jpeg:{q}"] = encode_tensor(arr, "jpeg", pixels=pixels, quality=q).nbytes

@@ -105,3 +105,17 @@ def test_jpeg_for_images():
         decode_tensor(bad)
     with pytest.raises(TensorError, match="does not decode"):
         decode_tensor(type(enc)(enc.dtype, enc.shape, "jpeg", b"\xff\xd8junk"))
+
+
+def test_compressing_an_encoded_tensor_is_encoding_it_with_the_compressor():
+    from splitinfer.codecs import compressed
+
+    x = np.random.default_rng(4).standard_normal((1, 8, 6, 5)).astype(np.float32)
+    x[x < 0] = 0.0
+    for base in ("raw", "fp16", "int8"):
+        for comp in ("lz4", "zstd"):
+            a, b = compressed(encode_tensor(x, base), comp), encode_tensor(x, f"{base}+{comp}")
+            assert (a.codec, bytes(a.payload), a.nbytes) == (b.codec, bytes(b.payload), b.nbytes)
+            assert np.array_equal(decode_tensor(a), decode_tensor(b))
+    with pytest.raises(CodecError):
+        compressed(encode_tensor(x, "int8+lz4"), "zstd")
