@@ -242,8 +242,11 @@ class EdgeAgent:
     def _encode_for(self, i: int, name: str, value: np.ndarray) -> Encoded:
         """One tensor of candidate ``i``'s cut for the wire, in that candidate's setting; a model
         input as JPEG goes back to its camera pixels first."""
-        codec, quality = self.settings[i] or ("raw", None)
+        codec, quality = self._setting(i)
         return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=quality)
+
+    def _setting(self, i: int) -> tuple[str, int | None]:
+        return self.settings[i] or ("raw", None)  # a local candidate sends nothing (raw if ever asked)
 
     async def _sample_sizes_later(self, inputs: Mapping[str, np.ndarray], r: FrameResult) -> None:
         preds = (r.conditions or {}).get("predicted_ms")
@@ -439,7 +442,7 @@ class EdgeAgent:
             return out
 
         if cloud_ok and self.remote is not None:  # a pinned candidate too: an open breaker means the cloud is not asked
-            codec = (self.settings[i] or ("raw", None))[0]
+            codec = self._setting(i)[0]
             enc = encoded.get(i)
             if enc is None:  # (else encoded already, when its size was sampled)
                 t = time.perf_counter()

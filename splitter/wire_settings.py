@@ -66,8 +66,7 @@ def codec_settings(plan: "Plan", codec: str = "auto", input_codec: str | None = 
                 continue
             fallback = default_input_codec(plan, "fp16") if all_cloud else "fp16"
         else:
-            fallback = (input_codec or default_input_codec(plan, "fp16" if codec == "auto" else codec)) if all_cloud \
-                else codec
+            fallback = (input_codec or default_input_codec(plan, codec)) if all_cloud else codec
         out.append((fallback, jpeg_quality if fallback == "jpeg" else None))
     return out
 
