@@ -4,7 +4,6 @@ CUDA/TensorRT execution providers where present), so a native TensorRT backend c
 from __future__ import annotations
 
 import abc
-import collections
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,13 +33,14 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         # > 1 stands a faster machine in for a slower device (demos, tests on one machine): each run
-        # takes slowdown x the fastest of this session's last runs here. Not this run's own time: the
-        # device stood for is dedicated, and a run slowed by something else on this machine (a cloud
-        # or a link emulator in the same process) would otherwise be slowed `slowdown` times over.
-        # A real device needs no such thing; for a faithful CPU limit use a cgroup quota instead
-        # (benchmarks/edge_traces.py).
+        # takes slowdown x the fastest run this session has made here. Not this run's own time, nor
+        # the fastest of a few recent ones: the device stood for is dedicated and runs at one speed,
+        # and a run slowed by something else on this machine (a cloud or a link emulator in the same
+        # process, a CPU quota's throttling) would otherwise be slowed `slowdown` times over, for as
+        # long as it stayed among the recent runs. A real device needs no such thing; for a faithful
+        # CPU limit use a cgroup quota instead (benchmarks/edge_traces.py).
         self.emulate_slowdown = max(1.0, emulate_slowdown)
-        self._recent: collections.deque[float] = collections.deque(maxlen=9)
+        self._fastest = float("inf")
         self._cold = True
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -68,6 +68,6 @@ class OrtBackend(Backend):
                     self._cold = False
                     time.sleep((self.emulate_slowdown - 1.0) * took)
                 else:
-                    self._recent.append(took)
-                    time.sleep(max(0.0, self.emulate_slowdown * min(self._recent) - took))
+                    self._fastest = min(self._fastest, took)
+                    time.sleep(max(0.0, self.emulate_slowdown * self._fastest - took))
             return out
