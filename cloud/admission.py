@@ -51,6 +51,9 @@ def check_request(plan: Plan, req: wire.InferRequest, max_rows: int) -> Candidat
         if not (ok_dtype and ok_shape):
             raise RequestError("shape", f"tensor {name!r}: expected {spec.dtype} {list(spec.shape)}, got "
                                          f"{dtype} {list(shape)}")
+        if isinstance(arr, Encoded) and arr.codec == "rans" and name not in cand.tables:
+            raise RequestError("bad_request", f"tensor {name!r} came as rans, which is for a learned bottleneck's "
+                                              f"latent only; candidate {cand.id!r} has none")
         if isinstance(arr, Encoded) and arr.codec == "jpeg" and pixels.get(name) is None:
             raise RequestError("bad_request", f"tensor {name!r} came as jpeg, but the plan does not record how camera "
                                               "pixels become this input (split with --normalize)")

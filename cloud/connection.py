@@ -167,7 +167,8 @@ class Connection:
             if svc.state != "running":
                 raise RequestError("shutdown", "the service is shutting down")
             try:
-                req.tensors = wire.decode_tensors(req.tensors, served.pixels)  # a JPEG becomes the model input
+                # a JPEG becomes the model input; a bottleneck's latent is decoded with the plan's tables
+                req.tensors = wire.decode_tensors(req.tensors, served.pixels, cand.tables)
             except ProtocolError as exc:
                 raise RequestError("bad_request", str(exc)) from None
             deadline = received + req.deadline_ms / 1e3 if req.deadline_ms is not None else None

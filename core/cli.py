@@ -96,6 +96,26 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(cmd="inspect")
 
+    b = sub.add_parser("bottleneck", help="train a learned bottleneck at a cut and add it to the plan as a candidate")
+    b.add_argument("plan")
+    b.add_argument("--at", required=True, metavar="CANDIDATE|TENSOR",
+                   help="where: a candidate whose cut is one tensor (e.g. c1), or a tensor name")
+    b.add_argument("--frames", required=True, metavar="SOURCE",
+                   help="unlabeled frames to learn from: a video file, a directory of images, or scene")
+    b.add_argument("--channels", type=_count, default=12, metavar="K", help="latent channels (default 12)")
+    b.add_argument("--stride", type=_count, default=2, help="the latent's resolution is the cut's / stride (default 2)")
+    b.add_argument("--hidden", type=_count, default=64, help="the encoder's and decoder's width (default 64)")
+    b.add_argument("--minutes", type=_positive, default=10.0, help="training time (default 10)")
+    b.add_argument("--rate-weight", type=_nonneg, default=0.01, metavar="L",
+                   help="weight of the latent's bits against fidelity (default 0.01; higher: fewer bytes)")
+    b.add_argument("--train-frames", type=_count, default=256, metavar="N", help="frames to learn from (default 256)")
+    b.add_argument("--eval-frames", type=_count, default=16, metavar="N",
+                   help="held-out frames bytes and fidelity are measured on (default 16)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=_count, default=None)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(cmd="bottleneck")
+
     pr = sub.add_parser("profile", help="time a plan on this machine and store the device profile in it")
     pr.add_argument("plan")
     pr.add_argument("--role", choices=("edge", "cloud", "both"), required=True)

@@ -21,6 +21,11 @@ Error bounds (``x`` the original value, ``x'`` the decoded one; tested in tests/
   receiver applies the same format to the decoded pixels. No fixed bound: values a camera pixel
   cannot hold are clipped (a normalised input encoded with the wrong format would be).
   Other tensors asked to travel as ``jpeg`` go ``fp16``.
+* ``rans``: a learned bottleneck's latent (integers in a float tensor), entropy-coded with the
+  plan's per-channel tables (:class:`~splitinfer.rans.SymbolTables`, ``tables=``): exact for values
+  in each channel's range; a value outside it is clipped to the range (the prior calls it near
+  impossible). Both sides must pass the same tables; decoding does the work of the shape it is
+  given (the plan's), whatever the payload says.
 * ``lz4``/``zstd``: lossless; the decoder knows the exact decoded size and refuses anything else
   (no decompression bombs).
 """
@@ -34,14 +39,16 @@ import numpy as np
 
 from ._types import DTYPES, PixelFormat
 from .errors import CodecError, TensorError
+from .rans import SymbolTables, rans_decode, rans_encode
 
 __all__ = ["Codec", "Encoded", "encode_tensor", "decode_tensor", "compressed", "CODEC_NAMES", "FP16_MAX"]
 
 BASES = ("raw", "fp16", "int8")
 COMPRESSORS = ("lz4", "zstd")
 IMAGE_CODECS = ("jpeg",)  # for image inputs (1, 3, H, W): what a camera would send anyway
+ENTROPY_CODECS = ("rans",)  # a learned bottleneck's latent, with the plan's tables
 CODEC_NAMES: tuple[str, ...] = (*(b + (f"+{c}" if c else "") for b in BASES for c in ("", *COMPRESSORS)),
-                                *IMAGE_CODECS)
+                                *IMAGE_CODECS, *ENTROPY_CODECS)
 JPEG_QUALITY = 90
 _DEFAULT_PIXELS = PixelFormat()  # an RGB input in [0, 1]
 FP16_MAX = 65504.0
@@ -55,7 +62,7 @@ class Codec:
 
     @classmethod
     def parse(cls, name: str) -> "Codec":
-        if name in IMAGE_CODECS:
+        if name in IMAGE_CODECS or name in ENTROPY_CODECS:
             return cls(str(name), None)
         base, _, comp = str(name).partition("+")
         if base not in BASES or (comp and comp not in COMPRESSORS) or name.count("+") > 1:
@@ -170,10 +177,11 @@ def _decompress(data: Any, compressor: str, expected: int) -> bytes:
 
 
 def encode_tensor(array: np.ndarray, codec: str | Codec = "raw", *, pixels: PixelFormat | None = None,
-                  quality: int | None = None) -> Encoded:
+                  quality: int | None = None, tables: SymbolTables | None = None) -> Encoded:
     """Encode one array. ``raw`` without compression makes no copy of a contiguous array.
     ``pixels`` and ``quality`` apply to ``jpeg``: how the input maps to camera pixels (default an
-    RGB input in [0, 1]) and the JPEG quality (1-95, default 90)."""
+    RGB input in [0, 1]) and the JPEG quality (1-95, default 90). ``tables`` applies to ``rans``
+    (required): the plan's entropy tables of this latent."""
     arr = np.asarray(array)
     if arr.dtype.name not in DTYPES:
         raise CodecError(f"dtype {arr.dtype.name} cannot travel; expected one of {sorted(DTYPES)}")
@@ -184,6 +192,8 @@ def encode_tensor(array: np.ndarray, codec: str | Codec = "raw", *, pixels: Pixe
         payload: Any = memoryview(np.ascontiguousarray(arr)).cast("B") if arr.size else b""
     elif c.base == "jpeg":
         payload = _jpeg_encode(arr, pixels or _DEFAULT_PIXELS, JPEG_QUALITY if quality is None else quality)
+    elif c.base == "rans":
+        payload = _rans_encode(arr, tables)
     elif c.base == "fp16":
         peak = float(np.max(np.abs(arr))) if arr.size else 0.0  # one pass; NaN/inf travel as themselves
         if peak > FP16_MAX and np.isfinite(peak):
@@ -207,6 +217,20 @@ def compressed(enc: Encoded, compressor: str) -> Encoded:
         raise CodecError(f"compressed(): expected an uncompressed tensor codec and one of {COMPRESSORS}, "
                          f"got {enc.codec!r} and {compressor!r}")
     return Encoded(enc.dtype, enc.shape, f"{c.base}+{compressor}", _compress(enc.payload, compressor), enc.quant)
+
+
+def _rans_encode(arr: np.ndarray, tables: SymbolTables | None) -> bytes:
+    if tables is None:
+        raise CodecError("rans codec: a latent is coded with its plan's entropy tables; none were given")
+    if arr.ndim < 2 or arr.shape[1] != tables.lo.shape[0]:
+        raise CodecError(f"rans codec: the tables code {tables.lo.shape[0]} channels (axis 1), the tensor has shape "
+                         f"{list(arr.shape)}")
+    if arr.size and not np.isfinite(arr).all():
+        raise CodecError("rans codec: the latent has NaN or infinite values")
+    shape = [1] * arr.ndim
+    shape[1] = -1
+    q = np.clip(np.rint(arr), tables.lo.reshape(shape), tables.hi().reshape(shape)).astype(np.int64)
+    return rans_encode(q, tables, channel_axis=1)
 
 
 def _jpeg_encode(arr: np.ndarray, pixels: PixelFormat, quality: int) -> bytes:
@@ -241,15 +265,17 @@ def _jpeg_decode(buf: Any, shape: tuple[int, ...], dtype: str, pixels: PixelForm
 
 def decoded_size(codec: Codec, dtype: str, numel: int) -> int:
     """Bytes of the payload after decompression, before the base codec is undone (0: variable)."""
-    if codec.base == "jpeg":
+    if codec.base in ("jpeg", "rans"):
         return 0
     item = {"raw": np.dtype(dtype).itemsize, "fp16": 2, "int8": 1}[codec.base]
     return numel * item
 
 
-def decode_tensor(enc: Encoded, *, pixels: PixelFormat | None = None) -> np.ndarray:
+def decode_tensor(enc: Encoded, *, pixels: PixelFormat | None = None,
+                  tables: SymbolTables | None = None) -> np.ndarray:
     """Decode one tensor. Lengths are checked here too, so a bad payload is a TensorError.
-    ``pixels``: for ``jpeg``, how camera pixels become this input (default an RGB input in [0, 1])."""
+    ``pixels``: for ``jpeg``, how camera pixels become this input (default an RGB input in [0, 1]).
+    ``tables``: for ``rans``, the plan's entropy tables of this latent (required)."""
     c = Codec.parse(enc.codec)
     numel = 1
     for d in enc.shape:
@@ -258,6 +284,15 @@ def decode_tensor(enc: Encoded, *, pixels: PixelFormat | None = None) -> np.ndar
         if len(enc.shape) != 4 or enc.shape[:2] != (1, 3) or np.dtype(enc.dtype).kind != "f":
             raise TensorError(f"jpeg codec is for (1, 3, H, W) float images, the tensor is {enc.dtype} {list(enc.shape)}")
         return _jpeg_decode(enc.payload, enc.shape, enc.dtype, pixels or _DEFAULT_PIXELS)
+    if c.base == "rans":
+        if np.dtype(enc.dtype).kind != "f":
+            raise TensorError(f"rans codec is for a float latent, the tensor is {enc.dtype}")
+        if tables is None:
+            raise TensorError("rans tensor, but no entropy tables for it (is it a bottleneck candidate's latent?)")
+        try:
+            return rans_decode(enc.payload, enc.shape, tables, channel_axis=1, dtype=enc.dtype)
+        except CodecError as exc:
+            raise TensorError(f"rans payload: {exc}") from None
     expected = decoded_size(c, enc.dtype, numel)
     buf = enc.payload
     if c.compressor:

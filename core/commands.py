@@ -216,7 +216,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         for col in ("candidate", "max |diff|", "batch-2 max |diff|", "result"):
             t.add_column(col)
         for c in report.checks:
-            t.add_row(c.id, f"{c.max_abs_diff:.2e}",
+            t.add_row(c.id, f"{c.max_abs_diff:.2e}" + (f" (fidelity {c.fidelity:.4f})" if c.fidelity is not None else ""),
                       "-" if c.batch_max_abs_diff is None else f"{c.batch_max_abs_diff:.2e}",
                       "[green]ok[/]" if c.ok else f"[red]FAIL[/] {c.problem}")
         _console().print(t)
@@ -233,6 +233,33 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         _emit_json(summary)
     else:
         _print_summary(summary)
+    return 0
+
+
+def _cmd_bottleneck(args: argparse.Namespace) -> int:
+    from .splitter import add_bottleneck
+
+    with _Progress("bottleneck", not args.json) as progress:
+        res = add_bottleneck(args.plan, args.at, frames=args.frames, train_frames=args.train_frames,
+                             eval_frames=args.eval_frames, channels=args.channels, stride=args.stride,
+                             hidden=args.hidden, minutes=args.minutes, rate_weight=args.rate_weight, seed=args.seed,
+                             threads=args.threads, progress=progress)
+    out = res.to_json()
+    jpeg = res.plan.candidates[0].rung("jpeg") if res.plan.candidates[0].edge is None else None
+    if jpeg is not None:
+        out["all_cloud_jpeg"] = jpeg.to_json()
+    if args.json:
+        _emit_json({"ok": True, **out})
+        return 0
+    c = _console()
+    c.print(f"added candidate [bold]{res.candidate}[/] at {res.at} to {res.plan.path}: {_fmt_bytes(res.rung.nbytes)} a "
+            f"frame (rans), fidelity {res.rung.fidelity:.4f} on {res.frames['held_out']} held-out frames"
+            + (f"; the all-cloud JPEG q{jpeg.quality}: {_fmt_bytes(jpeg.nbytes)}, fidelity {jpeg.fidelity:.4f}"
+               if jpeg is not None else ""))
+    how = "the model's outputs through the frozen back" if res.distilled == "outputs" else "the cut tensor alone"
+    c.print(f"trained {res.training.steps} steps in {res.training.seconds:.0f} s on {res.frames['train']} frames, "
+            f"distilling {how}" + (f" (the back uses {res.unsupported_ops}, which the torch interpreter lacks)"
+                                   if res.unsupported_ops else ""))
     return 0
 
 
@@ -470,5 +497,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "split": _cmd_split, "verify": _cmd_verify, "inspect": _cmd_inspect, "profile": _cmd_profile,
+    "bottleneck": _cmd_bottleneck,
     "netem": _cmd_netem, "cloud serve": _cmd_cloud_serve, "edge run": _cmd_edge_run, "demo": _cmd_demo,
 }

@@ -11,7 +11,9 @@ aarch64 wheel and no sdist, so a Jetson could not install it).
 The coder follows the standard 32-bit rANS with 16-bit renormalisation (J. Duda, "Asymmetric
 numeral systems", 2009; F. Giesen's interleaved form): states in ``[2**16, 2**32)``, frequency
 tables of ``2**precision`` (at most 16 bits), symbols dealt round-robin to ``lanes`` independent
-states that numpy advances together, one step for every ``lanes`` symbols. A stream is::
+states that numpy advances together, one step for every ``lanes`` symbols. Each lane's final state
+costs 4 bytes, so a small latent gets fewer lanes: one per :data:`SYMBOLS_PER_LANE` symbols, at
+most ``lanes`` (both sides derive the count from the symbol count). A stream is::
 
     u32 lanes final states | u16 renormalisation words, in the order the decoder reads them
 
@@ -33,11 +35,12 @@ import numpy as np
 
 from .errors import CodecError
 
-__all__ = ["SymbolTables", "rans_encode", "rans_decode", "DEFAULT_LANES", "MAX_LANES"]
+__all__ = ["SymbolTables", "rans_encode", "rans_decode", "DEFAULT_LANES", "MAX_LANES", "SYMBOLS_PER_LANE"]
 
 _L = 1 << 16  # the lower end of a state
 _WORD = 16  # bits a renormalisation step moves
-DEFAULT_LANES = 32  # 32 states: 128 bytes of final states; a 12x20x20 latent: ~0.9 ms to encode, ~1.4 to decode here
+DEFAULT_LANES = 32  # at most 32 states: 128 bytes of final states; a 12x20x20 latent: ~0.9 ms to encode, ~1.4 to decode here
+SYMBOLS_PER_LANE = 128  # fewer symbols than 32 x this: fewer lanes (a 128-symbol latent: one state, 4 bytes)
 MAX_LANES = 256
 MAX_SYMBOLS = 1 << 12  # symbols a channel's table may hold
 MAX_CHANNELS = 4096
@@ -177,14 +180,14 @@ def _flat(symbols: np.ndarray, channel_axis: int, tables: SymbolTables) -> tuple
 
 
 def _lanes_for(n: int, lanes: int) -> int:
-    return max(1, min(lanes, MAX_LANES, n))
+    return max(1, min(lanes, MAX_LANES, n // SYMBOLS_PER_LANE))
 
 
 def rans_encode(symbols: np.ndarray, tables: SymbolTables, *, channel_axis: int = 1,
                 lanes: int = DEFAULT_LANES) -> bytes:
     """The rANS code of integer ``symbols`` (any shape; channel ``c`` along ``channel_axis`` coded
-    with row ``c`` of ``tables``). Symbols outside a channel's range are an error: the edge segment
-    clips its latent to the tables' range before it is coded."""
+    with row ``c`` of ``tables``). Symbols outside a channel's range are an error: the ``rans``
+    codec (``codecs.encode_tensor``) clips a latent to the tables' range before it is coded."""
     sym, ch = _flat(symbols, channel_axis, tables)
     n = sym.size
     if n == 0:

@@ -28,7 +28,8 @@ from ..errors import CodecError, PlanError, RefusedError, SplitinferError
 from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
-from ..splitter.wire_settings import DEFAULT_MIN_FIDELITY, codec_settings, default_input_codec, input_codec_for, wire_ratios
+from ..splitter.wire_settings import DEFAULT_MIN_FIDELITY, below_floor, codec_settings, default_input_codec, \
+    input_codec_for, wire_ratios
 from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
 from ..codecs import Codec, Encoded, encode_tensor
@@ -89,6 +90,8 @@ class EdgeAgent:
         # what each candidate's cut travels in: with "auto", its cheapest setting measured at split
         # time that keeps min_fidelity (fewer bytes for the same cut are never slower)
         self.settings = codec_settings(self.plan, codec, input_codec, self.jpeg_quality, min_fidelity)
+        low = set(below_floor(self.plan, min_fidelity))  # bottlenecks below the floor: only when pinned
+        self.usable = [i for i in range(len(self.plan.candidates)) if i not in low] if low else None
         self.pinned = self._resolve(candidate) if candidate else None
         self.max_inflight = max(1, max_inflight)
         self.postprocess = postprocess or ""
@@ -243,7 +246,8 @@ class EdgeAgent:
         """One tensor of candidate ``i``'s cut for the wire, in that candidate's setting; a model
         input as JPEG goes back to its camera pixels first."""
         codec, quality = self._setting(i)
-        return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=quality)
+        return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=quality,
+                             tables=self.plan.candidates[i].tables.get(name))
 
     def _setting(self, i: int) -> tuple[str, int | None]:
         return self.settings[i] or ("raw", None)  # a local candidate sends nothing (raw if ever asked)
@@ -367,7 +371,7 @@ class EdgeAgent:
             i, explore, base = self.pinned, False, self.pinned
             preds, model = self.controller.predict_parts(bw, rtt, **common)  # type: ignore[arg-type]
         else:
-            choice = self.controller.choose(bw, rtt, now, allowed=None if cloud_ok else self.local,
+            choice = self.controller.choose(bw, rtt, now, allowed=self.usable if cloud_ok else self.local,
                                             transient_ms=probe_ms, **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
             base, model = choice.unexplored, list(choice.base)

@@ -12,6 +12,7 @@ Never imports edge/, cloud/ or transport/.
 
 from __future__ import annotations
 
+from .add_bottleneck import BottleneckResult, add_bottleneck
 from .cost_model import CostModel, select_profile
 from .cuts import Cut, cut_from_tensors, find_candidates
 from .graph import ModelGraph, analyse
@@ -23,6 +24,8 @@ from .verify import VerifyReport, verify_plan
 
 __all__ = [
     "split_model",
+    "add_bottleneck",
+    "BottleneckResult",
     "SplitResult",
     "profile_plan",
     "SPLIT_HOST",

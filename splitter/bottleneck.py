@@ -1,4 +1,4 @@
-"""Learned bottlenecks (work in progress, issue "Split that pays"): the model and its training.
+"""Learned bottlenecks: the model and its training (``add_bottleneck.py`` puts one in a plan).
 
 At a cut tensor ``x`` (C, H, W) a small encoder on the edge maps it to a latent of ``K`` channels at
 ``1/stride`` of its resolution; the latent is rounded to integers and entropy-coded on the wire with
@@ -15,8 +15,8 @@ distillation from the frozen model on unlabeled frames (no labels, no hub weight
 * in training the latent gets uniform noise in [-1/2, 1/2) in place of rounding (Ballé et al.), so
   the rate term is differentiable and the decoder learns to read rounded values.
 
-What is not here yet: export of the encoder into the edge segment and of decoder + back into the
-cloud segment, the ``rans`` codec on the wire, the ``bottleneck`` command and its plan update.
+The trained parts become ONNX nodes in the plan's segments (``bottleneck_graph.py``) and the
+prior's tables code the latent on the wire (the ``rans`` codec).
 """
 
 from __future__ import annotations

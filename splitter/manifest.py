@@ -15,7 +15,8 @@ from typing import Any
 
 from .._types import DTYPES, PixelFormat
 from ..codecs import CODEC_NAMES
-from ..errors import PlanFormatError
+from ..errors import CodecError, PlanFormatError
+from ..rans import SymbolTables
 
 __all__ = ["validate_manifest", "MAX_TENSOR_BYTES", "MAX_RANK"]
 
@@ -26,6 +27,10 @@ MAX_CANDIDATES = 256
 _KINDS = ("cloud", "split", "edge")
 _WIRE_CODECS = frozenset(CODEC_NAMES)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# a bottleneck's entropy tables are expanded to channels x 2**precision decoding slots (24 bytes
+# each): bounded here, so a manifest cannot make a decoder allocate gigabytes
+MAX_TABLE_SLOTS = 1 << 22
+_DISTILLED = ("outputs", "features")
 _ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "int16": 2, "int8": 1, "uint8": 1,
              "bool": 1}
 
@@ -152,6 +157,43 @@ def _wire(rungs: Any, where: str, local: bool) -> None:
         seen.add((codec, q))
 
 
+def _bottleneck(b: Any, where: str, cut: list[dict[str, Any]], wire: Any) -> None:
+    """A learned bottleneck: {at, latent, channels, stride, hidden, entropy, distilled[, training]};
+    its one cut tensor is the latent (float, channels on axis 1), and it travels rans only."""
+    keys = {"at", "latent", "channels", "stride", "hidden", "entropy", "distilled"}
+    if not isinstance(b, dict) or not keys <= set(b) or set(b) - keys - {"training"}:
+        raise _fail(where, "an object {at, latent, channels, stride, hidden, entropy, distilled[, training]}", b)
+    _str(b["at"], f"{where}.at")
+    latent = _str(b["latent"], f"{where}.latent")
+    channels = _int(b["channels"], f"{where}.channels", 1, 4096)
+    ent = b["entropy"]
+    precision = ent.get("precision") if isinstance(ent, dict) else None
+    if isinstance(precision, int) and channels << min(max(precision, 0), 16) > MAX_TABLE_SLOTS:
+        raise _fail(f"{where}.entropy", f"tables of at most {MAX_TABLE_SLOTS} slots (channels x 2**precision)",
+                    f"{channels} x 2**{precision}")
+    _int(b["stride"], f"{where}.stride", 1, 64)
+    _int(b["hidden"], f"{where}.hidden", 1, 4096)
+    if b["distilled"] not in _DISTILLED:
+        raise _fail(f"{where}.distilled", f"one of {list(_DISTILLED)}", b["distilled"])
+    if b.get("training") is not None and not isinstance(b["training"], dict):
+        raise _fail(f"{where}.training", "an object", b["training"])
+    if len(cut) != 1 or cut[0].get("name") != latent:
+        raise _fail(f"{where}.latent", "the name of the candidate's one cut tensor", latent)
+    spec = cut[0]
+    if spec["dtype"] not in ("float32", "float16") or len(spec["shape"]) < 2 or spec["shape"][1] != channels:
+        raise _fail(f"{where}.latent", f"a float tensor of {channels} channels on axis 1",
+                    f"{spec['dtype']} {spec['shape']}")
+    try:
+        tables = SymbolTables.from_json(ent)
+    except CodecError as exc:
+        raise _fail(f"{where}.entropy", f"valid entropy tables ({exc})", "...") from None
+    if tables.lo.shape[0] != channels:
+        raise _fail(f"{where}.entropy", f"tables of {channels} channels", f"{tables.lo.shape[0]} channels")
+    codecs = [r.get("codec") for r in wire or () if isinstance(r, dict)]
+    if any(c != "rans" for c in codecs):
+        raise _fail(f"{where}", "a bottleneck whose codec settings are rans only", codecs)
+
+
 def validate_manifest(m: Mapping[str, Any]) -> None:
     """Raise :class:`PlanFormatError` naming the first field of ``m`` that is missing or wrong."""
     model = _get(m, "model", "")
@@ -212,6 +254,13 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
             _int(c["edge_nodes"], f"{where}.edge_nodes")
         if c.get("wire") is not None:
             _wire(c["wire"], f"{where}.wire", cloud is None)
+        if c.get("bottleneck") is not None:
+            if kind != "split" or edge is None or cloud is None:
+                raise _fail(f"{where}.bottleneck", "a bottleneck only on a split candidate (edge and cloud segments)",
+                            kind)
+            _bottleneck(c["bottleneck"], f"{where}.bottleneck", c["cut"], c.get("wire"))
+        elif any(isinstance(r, dict) and r.get("codec") == "rans" for r in c.get("wire") or ()):
+            raise _fail(f"{where}.wire", "rans only for a bottleneck candidate's latent", "rans")
     samples = m.get("wire_samples")
     if samples is not None:
         if not isinstance(samples, dict):

@@ -31,9 +31,10 @@ import numpy as np
 
 from .._types import TensorSpec
 from ..errors import PlanError, PlanFormatError, PlanIntegrityError
+from ..rans import SymbolTables
 from .manifest import validate_manifest
 
-__all__ = ["Plan", "Candidate", "Rung", "SegmentRef", "FORMAT", "FORMAT_VERSION", "plan_hash", "sha256_file",
+__all__ = ["Plan", "Candidate", "Rung", "BottleneckRecord", "SegmentRef", "FORMAT", "FORMAT_VERSION", "plan_hash", "sha256_file",
            "atomic_directory", "check_destination", "external_data_files"]
 
 FORMAT = "splitinfer-plan"
@@ -132,10 +133,37 @@ class Rung:
 
 
 @dataclass(frozen=True)
+class BottleneckRecord:
+    """What a learned bottleneck candidate is (``splitinfer bottleneck``): the model tensor it
+    stands in for, its latent (the candidate's one cut tensor, integers sent ``rans``-coded), the
+    entropy tables of its prior (hashed with the manifest), its shape parameters and how it was
+    trained (``distilled``: ``outputs`` through the frozen back segment, or ``features`` alone)."""
+
+    at: str  # the model tensor the decoder restores in the cloud
+    latent: str  # the cut tensor's name
+    channels: int
+    stride: int
+    hidden: int
+    tables: SymbolTables
+    distilled: str  # "outputs" | "features"
+    training: dict[str, Any] = field(default_factory=dict, compare=False)  # frames, seconds, steps, rate_weight...
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": self.at, "latent": self.latent, "channels": self.channels, "stride": self.stride,
+                "hidden": self.hidden, "entropy": self.tables.to_json(), "distilled": self.distilled,
+                "training": dict(self.training)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BottleneckRecord":
+        return cls(str(d["at"]), str(d["latent"]), int(d["channels"]), int(d["stride"]), int(d["hidden"]),
+                   SymbolTables.from_json(d["entropy"]), str(d["distilled"]), dict(d.get("training") or {}))
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One way to run the model: which tensors cross, and the two segments around them."""
 
-    id: str  # "cloud", "c1".., "edge"
+    id: str  # "cloud", "c1".., "b1".. (a learned bottleneck), "edge"
     kind: str  # "cloud" (all-cloud), "split", "edge" (all-edge)
     cut: tuple[TensorSpec, ...]  # what the edge sends (empty for all-edge)
     edge: SegmentRef | None
@@ -145,6 +173,12 @@ class Candidate:
     flops_cloud: int
     edge_nodes: int = 0
     wire: tuple[Rung, ...] = ()  # codec settings measured at split time (wire_bytes.py); () for old plans
+    bottleneck: BottleneckRecord | None = None  # a learned bottleneck: its cut is the latent, sent rans
+
+    @property
+    def tables(self) -> dict[str, SymbolTables]:
+        """Entropy tables per cut tensor that travels ``rans`` (a bottleneck's latent)."""
+        return {self.bottleneck.latent: self.bottleneck.tables} if self.bottleneck is not None else {}
 
     @property
     def cut_bytes(self) -> int:
@@ -174,6 +208,7 @@ class Candidate:
             "flops": {"edge": self.flops_edge, "cloud": self.flops_cloud},
             "edge_nodes": self.edge_nodes,
             **({"wire": [r.to_json() for r in self.wire]} if self.wire else {}),
+            **({"bottleneck": self.bottleneck.to_json()} if self.bottleneck is not None else {}),
         }
 
     @classmethod
@@ -181,7 +216,8 @@ class Candidate:
         return cls(str(d["id"]), str(d["kind"]), tuple(TensorSpec.from_json(t) for t in d["cut"]),
                    SegmentRef.from_json(d["edge"]), SegmentRef.from_json(d["cloud"]),
                    tuple(d["passthrough"]), int(d["flops"]["edge"]), int(d["flops"]["cloud"]),
-                   int(d.get("edge_nodes", 0)), tuple(Rung.from_json(r) for r in d.get("wire") or ()))
+                   int(d.get("edge_nodes", 0)), tuple(Rung.from_json(r) for r in d.get("wire") or ()),
+                   BottleneckRecord.from_json(d["bottleneck"]) if d.get("bottleneck") is not None else None)
 
     def rung(self, codec: str, quality: int | None = None) -> Rung | None:
         """The measured setting for ``codec`` (JPEG: the nearest measured quality), if any."""

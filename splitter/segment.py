@@ -17,7 +17,7 @@ from ..errors import UnsupportedModelError
 from .cuts import Cut
 from .graph import ModelGraph
 
-__all__ = ["Segments", "build_segments", "BATCH_DIM"]
+__all__ = ["Segments", "build_segments", "relax_batch", "BATCH_DIM"]
 
 BATCH_DIM = "batch"  # dim_param of a cloud segment's batch dimension
 
@@ -44,7 +44,7 @@ def _extract(extractor: Extractor, inputs: Sequence[str], outputs: Sequence[str]
     return model
 
 
-def _relax_batch(model: onnx.ModelProto) -> bool:
+def relax_batch(model: onnx.ModelProto) -> bool:
     """Make dim 0 of every input and output symbolic; False (and no change) when some tensor
     has no leading batch dimension of 1."""
     vis = list(model.graph.input) + list(model.graph.output)
@@ -74,7 +74,7 @@ def build_segments(graph: ModelGraph, cut: Cut, extractor: Extractor, tag: str, 
     if cloud_outputs:
         cloud = _extract(extractor, list(cut.tensors), cloud_outputs, f"{tag}_cloud")
         if batch_dynamic:
-            batchable = _relax_batch(cloud)
+            batchable = relax_batch(cloud)
             onnx.checker.check_model(cloud)
     return Segments(edge, cloud, edge_inputs, edge_outputs, list(cut.tensors), cloud_outputs,
                     passthrough, batchable)

@@ -37,7 +37,7 @@ from .graph import ModelGraph
 from .plan import Rung
 from .profiler import make_session
 
-__all__ = ["TensorBytes", "Rung", "measure_tensors", "cut_samples", "candidate_ladder", "MEASURED_CODECS", "SWEEP_CODEC",
+__all__ = ["TensorBytes", "Rung", "measure_tensors", "cut_samples", "candidate_ladder", "rel_error", "MEASURED_CODECS", "SWEEP_CODEC",
            "JPEG_QUALITIES", "JPEG_DEFAULT_QUALITY", "DEFAULT_SAMPLES"]
 
 MEASURED_CODECS: tuple[str, ...] = ("fp16", "int8", "int8+lz4", "int8+zstd")
@@ -149,7 +149,7 @@ def cut_samples(graph: ModelGraph, tensors: Iterable[str], frames: Iterable[Mapp
     return values, whole
 
 
-def _rel_error(got: np.ndarray, want: np.ndarray) -> float:
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     want64 = want.astype(np.float64).ravel()
     diff = got.astype(np.float64).ravel() - want64
     if not np.all(np.isfinite(diff)):
@@ -198,7 +198,7 @@ def candidate_ladder(cut: Sequence[TensorSpec], cloud_model: bytes | None, passt
                 for name in output_names:
                     y = got[name] if name in got else crossed[name] if name in passthrough else None
                     if y is not None:
-                        worst = max(worst, _rel_error(y, want[name]))
+                        worst = max(worst, rel_error(y, want[name]))
             fidelity[base] = worst
         if not np.isfinite(fidelity[base]):
             continue

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
 
 __all__ = ["nominal_ratio", "default_input_codec", "input_codec_for", "codec_settings", "wire_ratios",
-           "DEFAULT_MIN_FIDELITY", "Setting"]
+           "below_floor", "DEFAULT_MIN_FIDELITY", "Setting"]
 
 
 def nominal_ratio(codec: str) -> float:
@@ -51,11 +51,15 @@ def codec_settings(plan: "Plan", codec: str = "auto", input_codec: str | None = 
     like any other); a candidate with no such measurement travels in fp16 (its input as JPEG
     q``jpeg_quality`` when the plan knows its pixel format). An explicit ``codec`` is used for
     every cut, and an all-cloud candidate's inputs go in ``input_codec`` (default
-    :func:`default_input_codec`) at ``jpeg_quality``."""
+    :func:`default_input_codec`) at ``jpeg_quality``. A learned bottleneck's latent travels
+    ``rans`` whatever is asked (its candidate is held to the floor by :func:`below_floor`)."""
     out: list[Setting | None] = []
     for c in plan.candidates:
         if c.local:
             out.append(None)
+            continue
+        if c.bottleneck is not None:
+            out.append(("rans", None))
             continue
         all_cloud = c.edge is None
         if codec == "auto" and not (all_cloud and input_codec is not None):
@@ -69,6 +73,14 @@ def codec_settings(plan: "Plan", codec: str = "auto", input_codec: str | None = 
             fallback = (input_codec or default_input_codec(plan, codec)) if all_cloud else codec
         out.append((fallback, jpeg_quality if fallback == "jpeg" else None))
     return out
+
+
+def below_floor(plan: "Plan", min_fidelity: float = DEFAULT_MIN_FIDELITY) -> list[int]:
+    """Candidates no setting of which keeps ``min_fidelity``: learned bottlenecks measured below it
+    (any other cut can always travel near-losslessly). The controller leaves them out unless a
+    user pins one."""
+    return [i for i, c in enumerate(plan.candidates)
+            if c.bottleneck is not None and max((r.fidelity for r in c.wire), default=0.0) < min_fidelity]
 
 
 def wire_ratios(plan: "Plan", codec: str = "auto", input_codec: str | None = None, jpeg_quality: int = 90,

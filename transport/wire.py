@@ -29,6 +29,7 @@ import numpy as np
 from .._types import DTYPES, PixelFormat
 from ..errors import FieldError, FrameError, LimitError, ProtocolError, TensorError, VersionError
 from ..codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, decoded_size, encode_tensor
+from ..rans import SymbolTables
 
 __all__ = [
     "PROTOCOL_VERSION", "FRAME_VERSION", "Limits", "FrameInfo", "ServerTimings", "Message", "Hello", "Welcome",
@@ -299,7 +300,7 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
         if total > limits.max_decoded:
             raise LimitError(f"{where}: the frame's tensors decode to {total} bytes or more, the limit is "
                              f"{limits.max_decoded}")
-        if not codec.compressor and codec.base != "jpeg" and length != expected:
+        if not codec.compressor and codec.base not in ("jpeg", "rans") and length != expected:
             raise TensorError(f"{where}: {length} bytes for shape {shape} {dtype} with codec {codec_name}; "
                               f"expected {expected}")
         quant = None
@@ -319,15 +320,16 @@ def _tensors(h: Mapping[str, Any], fname: str, kind: str, payload: memoryview, l
     return decode_tensors(out) if decode_payloads else out
 
 
-def decode_tensors(tensors: Mapping[str, Encoded],
-                   pixels: Mapping[str, PixelFormat] | None = None) -> dict[str, np.ndarray]:
+def decode_tensors(tensors: Mapping[str, Encoded], pixels: Mapping[str, PixelFormat] | None = None,
+                   tables: Mapping[str, SymbolTables] | None = None) -> dict[str, np.ndarray]:
     """Decode the payloads of a message received with ``tensors=False``, once the receiver has
     checked their headers (names, dtypes, shapes) against what it expects. ``pixels``: per image
-    input, how a JPEG's camera pixels become it. Raises
-    :class:`~splitinfer.errors.TensorError` for a payload that does not decode to its header."""
-    px = pixels or {}
+    input, how a JPEG's camera pixels become it; ``tables``: per bottleneck latent, its entropy
+    tables (``rans``). Raises :class:`~splitinfer.errors.TensorError` for a payload that does not
+    decode to its header."""
+    px, tb = pixels or {}, tables or {}
     try:
-        return {name: decode_tensor(enc, pixels=px.get(name)) for name, enc in tensors.items()}
+        return {name: decode_tensor(enc, pixels=px.get(name), tables=tb.get(name)) for name, enc in tensors.items()}
     except ProtocolError:
         raise
     except Exception as exc:
