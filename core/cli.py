@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bottleneck", help="train a learned bottleneck at a cut and add it to the plan as a candidate")
     b.add_argument("plan")
-    b.add_argument("--at", required=True, metavar="CANDIDATE|TENSOR",
-                   help="where: a candidate whose cut is one tensor (e.g. c1), or a tensor name")
+    b.add_argument("--at", metavar="CANDIDATE|TENSOR",
+                   help="where: a candidate whose cut is one tensor (e.g. c1), or a tensor name (with --weights: theirs)")
     b.add_argument("--frames", required=True, metavar="SOURCE",
                    help="unlabeled frames to learn from: a video file, a directory of images, or scene")
     b.add_argument("--channels", type=_count, default=12, metavar="K", help="latent channels (default 12)")
@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--train-frames", type=_count, default=256, metavar="N", help="frames to learn from (default 256)")
     b.add_argument("--eval-frames", type=_count, default=16, metavar="N",
                    help="held-out frames bytes and fidelity are measured on (default 16)")
+    b.add_argument("--save", metavar="NPZ", help="also write the trained weights to this .npz")
+    b.add_argument("--weights", metavar="NPZ", help="attach weights trained before (--save) instead of training")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--threads", type=_count, default=None)
     b.add_argument("--json", action="store_true")

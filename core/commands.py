@@ -243,7 +243,7 @@ def _cmd_bottleneck(args: argparse.Namespace) -> int:
         res = add_bottleneck(args.plan, args.at, frames=args.frames, train_frames=args.train_frames,
                              eval_frames=args.eval_frames, channels=args.channels, stride=args.stride,
                              hidden=args.hidden, minutes=args.minutes, rate_weight=args.rate_weight, seed=args.seed,
-                             threads=args.threads, progress=progress)
+                             threads=args.threads, weights=args.weights, save=args.save, progress=progress)
     out = res.to_json()
     jpeg = res.plan.candidates[0].rung("jpeg") if res.plan.candidates[0].edge is None else None
     if jpeg is not None:
@@ -257,7 +257,7 @@ def _cmd_bottleneck(args: argparse.Namespace) -> int:
             + (f"; the all-cloud JPEG q{jpeg.quality}: {_fmt_bytes(jpeg.nbytes)}, fidelity {jpeg.fidelity:.4f}"
                if jpeg is not None else ""))
     how = "the model's outputs through the frozen back" if res.distilled == "outputs" else "the cut tensor alone"
-    c.print(f"trained {res.training.steps} steps in {res.training.seconds:.0f} s on {res.frames['train']} frames, "
+    c.print(("attached weights " + str(args.weights) + ", " if args.weights else "") + f"trained {res.training.steps} steps in {res.training.seconds:.0f} s on {res.frames['train']} frames, "
             f"distilling {how}" + (f" (the back uses {res.unsupported_ops}, which the torch interpreter lacks)"
                                    if res.unsupported_ops else ""))
     return 0

@@ -164,6 +164,13 @@ class SymbolTables:
             bias[c] -= np.repeat(np.cumsum(fr) - fr, fr)
         return sym.reshape(-1), freq.reshape(-1), bias.reshape(-1)
 
+    @functools.cached_property
+    def packed_slots(self) -> np.ndarray:
+        """:attr:`slot_tables` in one array, ``frequency << 32 | bias << 16 | symbol`` (frequency
+        <= 2**16, bias < 2**16, symbol index < 2**12), so decoding gathers once a step."""
+        sym, freq, bias = self.slot_tables
+        return (freq << 32) | (bias << 16) | sym
+
 
 def _flat(symbols: np.ndarray, channel_axis: int, tables: SymbolTables) -> tuple[np.ndarray, np.ndarray]:
     """Symbols in C order, and each one's channel."""
@@ -254,17 +261,18 @@ def rans_decode(data: bytes | memoryview, shape: Sequence[int], tables: SymbolTa
     ch[:n] = (np.arange(n, dtype=np.int64) // inner) % shape[axis]
     p = tables.precision
     total = 1 << p
-    sym, freq, bias = tables.slot_tables
+    packed = tables.packed_slots  # one lookup a step: frequency << 32 | bias << 16 | symbol
     row = (ch * total).reshape(steps, k)
-    rel = np.empty((steps, k), np.int64)
+    got = np.empty((steps, k), np.int64)
     pos, end = 0, words.size
+    mask = total - 1
     for t in range(steps):
-        at = row[t] + (x & (total - 1))
-        x = freq[at] * (x >> p) + bias[at]
-        rel[t] = sym[at]
-        need = x < _L
-        if need.any():
-            idx = np.flatnonzero(need)[::-1]
+        v = packed[row[t] + (x & mask)]
+        x = (v >> 32) * (x >> p) + ((v >> 16) & 0xFFFF)
+        got[t] = v
+        idx = np.flatnonzero(x < _L)
+        if idx.size:
+            idx = idx[::-1]
             if pos + idx.size > end:
                 raise CodecError("entropy decoding: the stream ended before the latent did")
             x[idx] = (x[idx] << _WORD) | words[pos:pos + idx.size]
@@ -272,5 +280,5 @@ def rans_decode(data: bytes | memoryview, shape: Sequence[int], tables: SymbolTa
     if pos != end or (x != _L).any():
         raise CodecError("entropy decoding: the stream does not decode to a latent of this shape under these "
                          "tables (damaged, or made for another plan)")
-    out = rel.reshape(-1)[:n] + tables.lo[ch[:n]]
+    out = (got.reshape(-1)[:n] & 0xFFFF) + tables.lo[ch[:n]]
     return out.astype(dtype).reshape(shape)

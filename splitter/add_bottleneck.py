@@ -21,6 +21,7 @@ plan's own atomic write: a temporary sibling directory, verified, re-hashed, ren
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -52,9 +53,10 @@ from .segment import build_segments, relax_batch
 from .verify import verify_candidate
 from .wire_bytes import rel_error
 
-__all__ = ["add_bottleneck", "BottleneckResult"]
+__all__ = ["add_bottleneck", "BottleneckResult", "Trained", "save_weights", "load_weights"]
 
 Progress = Callable[[str, float], None]
+Frames = str | Sequence[Mapping[str, np.ndarray]]
 
 
 @dataclass
@@ -107,11 +109,33 @@ def _cut_tensor(plan: Plan, graph: Any, names: list[str], flag: str) -> TensorSp
     return spec
 
 
-def _frames(plan: Plan, source: str, n_train: int, n_eval: int, seed: int) -> tuple[list[Any], list[Any]]:
+def _frames(plan: Plan, source: Frames, n_train: int, n_eval: int, seed: int) -> tuple[list[Any], list[Any]]:
     """Training frames and held-out frames: for a video or a directory, its last ``n_eval`` frames
-    are held out; generated scenes are held out by seed."""
+    are held out; generated scenes are held out by seed; given frames (a sequence of input dicts),
+    the last ``n_eval`` of them. ``n_train == 0``: nothing to train on, every frame is for measuring."""
+    if n_train == 0 and n_eval >= 1:
+        src = frames_from(source, plan.inputs, n_eval, seed=seed + 7919, flag="--frames") \
+            if isinstance(source, str) else iter(source)
+        held = [{t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in plan.inputs}
+                for _, f in zip(range(n_eval), src)]
+        if not held:
+            raise SplitinferError("no frames to measure the bottleneck on")
+        return [], held
     if n_train < 1 or n_eval < 1:
         raise SplitinferError(f"--train-frames and --eval-frames must be at least 1, got {n_train} and {n_eval}")
+    if not isinstance(source, str):
+        got = []
+        for k, f in enumerate(source):
+            if k >= n_train + n_eval:
+                break
+            missing = [t.name for t in plan.inputs if t.name not in f]
+            if missing:
+                raise SplitinferError(f"frame {k}: no value for input {missing[0]!r}")
+            got.append({t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in plan.inputs})
+        if len(got) < 2:
+            raise SplitinferError(f"{len(got)} frame(s) given; a bottleneck needs at least 2")
+        k = min(n_eval, max(1, len(got) // 5))
+        return got[:-k], got[-k:]
     if source in ("scene", "synthetic"):
         train = list(frames_from(source, plan.inputs, n_train, seed=seed, flag="--frames"))
         held = list(frames_from(source, plan.inputs, n_eval, seed=seed + 7919, flag="--frames"))
@@ -122,6 +146,87 @@ def _frames(plan: Plan, source: str, n_train: int, n_eval: int, seed: int) -> tu
                               "from, one to measure on)")
     k = min(n_eval, max(1, len(got) // 5))
     return got[:-k], got[-k:]
+
+
+@dataclass
+class Trained:
+    """A trained bottleneck: its parameters (``bottleneck_graph.weights_of`` names) and how it was made."""
+
+    at: str
+    cut_channels: int
+    channels: int
+    stride: int
+    hidden: int
+    weights: dict[str, np.ndarray]
+    distilled: str
+    report: TrainReport
+    rate_weight: float
+    seed: int
+    unsupported_ops: list[str] = field(default_factory=list)
+
+
+def save_weights(trained: Trained, path: str | os.PathLike[str]) -> None:
+    """The weights and how they were made, as one ``.npz`` (no pickles), written atomically."""
+    meta = {"at": trained.at, "cut_channels": trained.cut_channels, "channels": trained.channels,
+            "stride": trained.stride, "hidden": trained.hidden, "distilled": trained.distilled,
+            "rate_weight": trained.rate_weight, "seed": trained.seed, "unsupported_ops": trained.unsupported_ops,
+            "steps": trained.report.steps, "seconds": round(trained.report.seconds, 1)}
+    dest = Path(path)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **trained.weights)
+    os.replace(tmp, dest)
+
+
+def load_weights(path: str | os.PathLike[str]) -> Trained:
+    """:func:`save_weights`'s file, checked: every parameter the architecture needs, of its shape."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["__meta__"]).decode())
+            weights = {k: np.asarray(z[k], np.float32) for k in z.files if k != "__meta__"}
+        c, k, s, h = (int(meta[key]) for key in ("cut_channels", "channels", "stride", "hidden"))
+        at, distilled = str(meta["at"]), str(meta["distilled"])
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise SplitinferError(f"--weights {path}: not a bottleneck weights file: {exc}") from None
+    want = {"encoder.0.weight": (h, c, 3, 3), "encoder.0.bias": (h,), "encoder.2.weight": (k, h, 3, 3),
+            "encoder.2.bias": (k,), "decoder.0.weight": (h, k, 3, 3), "decoder.0.bias": (h,),
+            "decoder.3.weight": (h, h, 3, 3), "decoder.3.bias": (h,), "decoder.5.weight": (c, h, 3, 3),
+            "decoder.5.bias": (c,), "mu": (k,), "log_scale": (k,)}
+    for key, shape in want.items():
+        got = weights.get(key)
+        if got is None or got.shape != shape or not np.isfinite(got).all():
+            raise SplitinferError(f"--weights {path}: parameter {key!r} should be finite of shape {list(shape)}, got "
+                                  f"{None if got is None else list(got.shape)}")
+    report = TrainReport(steps=int(meta.get("steps", 0)), seconds=float(meta.get("seconds", 0.0)))
+    return Trained(at, c, k, s, h, {key: weights[key] for key in want}, distilled, report,
+                   float(meta.get("rate_weight", math.nan)), int(meta.get("seed", 0)),
+                   [str(x) for x in meta.get("unsupported_ops") or []])
+
+
+def _train(back_model: onnx.ModelProto, pool: np.ndarray, spec: TensorSpec, channels: int, stride: int, hidden: int,
+           minutes: float, rate_weight: float, seed: int, threads: int | None, back: Any,
+           step: Progress) -> Trained:
+    import torch
+
+    missing = [] if back is not None else unsupported(back_model)
+    if back is None and not missing:
+        back = OnnxModule(back_model)
+    cfg = BottleneckConfig(channels=channels, stride=stride, hidden=hidden, rate_weight=rate_weight,
+                           seconds=60.0 * minutes, seed=seed)
+    model = build_bottleneck(spec.shape[1], cfg)
+    rng = np.random.default_rng(seed)
+
+    def batches() -> Any:
+        order = rng.permutation(len(pool))
+        for k in range(0, len(order), cfg.batch):
+            yield torch.from_numpy(pool[order[k:k + cfg.batch]])
+
+    if threads:
+        torch.set_num_threads(threads)
+    report = train_bottleneck(model, back, batches, spec.name, cfg,
+                              progress=lambda what, frac: step(f"training: {what}", 0.05 + 0.8 * frac))
+    return Trained(spec.name, spec.shape[1], channels, stride, hidden, weights_of(model),
+                   "outputs" if back is not None else "features", report, rate_weight, seed, missing)
 
 
 def _next_id(plan: Plan) -> str:
@@ -178,16 +283,21 @@ def _profiles(plan: Plan, root: Path, cand: Candidate, threads: int | None, budg
     return out
 
 
-def add_bottleneck(plan_path: str | os.PathLike[str], at: str | Sequence[str], *, frames: str = "scene",
+def add_bottleneck(plan_path: str | os.PathLike[str], at: str | Sequence[str] | None, *, frames: Frames = "scene",
                    train_frames: int = 256, eval_frames: int = 16, channels: int = 12, stride: int = 2,
                    hidden: int = 64, minutes: float = 10.0, rate_weight: float = 0.01, seed: int = 0,
                    threads: int | None = None, budget_s: float = 0.5, back: Any = None,
+                   weights: str | os.PathLike[str] | None = None, save: str | os.PathLike[str] | None = None,
                    progress: Progress | None = None) -> BottleneckResult:
     """Train a bottleneck at ``at`` and add it to the plan at ``plan_path`` as a new candidate.
 
-    ``back``: optionally the model's rest after ``at`` as a torch callable (``{at: tensor} ->
+    ``frames``: a source name (``scene``, a video file, a directory of images) or the frames
+    themselves (input dicts; the last ``eval_frames`` are held out). ``back``: optionally the
+    model's rest after ``at`` as a torch callable (``{at: tensor} ->
     {output: tensor}``), e.g. from the PyTorch module the plan was split from; by default the
-    plan's own cloud segment runs in torch (``onnx_torch.py``). Raises a
+    plan's own cloud segment runs in torch (``onnx_torch.py``). ``weights``: attach a bottleneck
+    trained before (an ``.npz`` written with ``save``; its shape parameters and cut come with it)
+    instead of training: no torch needed. ``save``: also write the trained weights there. Raises a
     :class:`~splitinfer.errors.SplitinferError` naming the problem, leaving the plan as it was."""
     t_start = time.monotonic()
 
@@ -201,52 +311,45 @@ def add_bottleneck(plan_path: str | os.PathLike[str], at: str | Sequence[str], *
     if not (math.isfinite(minutes) and minutes > 0) or not (math.isfinite(rate_weight) and rate_weight >= 0):
         raise SplitinferError(f"--minutes must be > 0 and --rate-weight >= 0, got {minutes} and {rate_weight}")
     plan = Plan.load(plan_path)
+    given = load_weights(weights) if weights is not None else None
+    if at is None and given is None:
+        raise SplitinferError("--at: where the bottleneck goes (a candidate or a tensor), unless --weights says")
     step("loading the model", 0.0)
     lm = load_model(str(plan.model_file), input_shapes={t.name: t.shape for t in plan.inputs})
     graph = analyse(lm.static)
-    spec = _cut_tensor(plan, graph, _resolve_at(plan, at), "--at")
+    spec = _cut_tensor(plan, graph, _resolve_at(plan, at if at is not None else given.at), "--at")  # type: ignore[union-attr]
     cid = _next_id(plan)
     cut = cut_from_tensors(graph, [spec.name])
     seg = build_segments(graph, cut, Extractor(lm.static), cid, batch_dynamic=False)
     assert seg.edge is not None and seg.cloud is not None
     step("running the frozen front on the frames", 0.02)
-    train, held = _frames(plan, frames, train_frames, eval_frames, seed)
-    front = make_session(seg.edge.SerializeToString(), threads=threads)
-    pool = np.concatenate([front.run([spec.name], {k: f[k] for k in seg.edge_inputs})[0] for f in train], 0)
-
-    import torch
-
-    missing = [] if back is not None else unsupported(seg.cloud)
-    if back is None and not missing:
-        back = OnnxModule(seg.cloud)
-    distilled = "outputs" if back is not None else "features"
-    cfg = BottleneckConfig(channels=channels, stride=stride, hidden=hidden, rate_weight=rate_weight,
-                           seconds=60.0 * minutes, seed=seed)
-    model = build_bottleneck(spec.shape[1], cfg)
-    rng = np.random.default_rng(seed)
-
-    def batches() -> Any:
-        order = rng.permutation(len(pool))
-        for k in range(0, len(order), cfg.batch):
-            yield torch.from_numpy(pool[order[k:k + cfg.batch]])
-
-    if threads:
-        torch.set_num_threads(threads)
-    report = train_bottleneck(model, back, batches, spec.name, cfg,
-                              progress=lambda what, frac: step(f"training: {what}", 0.05 + 0.8 * frac))
+    train, held = _frames(plan, frames, train_frames if given is None else 0, eval_frames, seed)
+    if given is None:
+        front = make_session(seg.edge.SerializeToString(), threads=threads)
+        pool = np.concatenate([front.run([spec.name], {k: f[k] for k in seg.edge_inputs})[0] for f in train], 0)
+        trained = _train(seg.cloud, pool, spec, channels, stride, hidden, minutes, rate_weight, seed, threads, back,
+                         step)
+    else:
+        trained = given
+        if trained.at != spec.name or trained.cut_channels != spec.shape[1]:
+            raise SplitinferError(f"--weights {weights}: trained at {trained.at!r} ({trained.cut_channels} channels), "
+                                  f"not at {spec.name!r} ({spec.shape[1]} channels)")
+    report, distilled, missing = trained.report, trained.distilled, trained.unsupported_ops
+    channels, stride, hidden, weights_ = trained.channels, trained.stride, trained.hidden, trained.weights
     step("exporting the bottleneck into the segments", 0.86)
-    weights = weights_of(model)
-    tables = logistic_tables(weights["mu"], np.exp(weights["log_scale"].astype(np.float64)))
+    tables = logistic_tables(weights_["mu"], np.exp(weights_["log_scale"].astype(np.float64)))
     lh, lw = latent_hw(spec.shape[2], spec.shape[3], stride)
     latent = TensorSpec(f"{cid}.latent", (1, channels, lh, lw), "float32")
-    edge_model = edge_with_encoder(seg.edge, weights, cid, spec.name, latent, stride)
-    cloud_model = cloud_with_decoder(seg.cloud, weights, cid, spec, latent, stride)
+    edge_model = edge_with_encoder(seg.edge, weights_, cid, spec.name, latent, stride)
+    cloud_model = cloud_with_decoder(seg.cloud, weights_, cid, spec, latent, stride)
     batchable = relax_batch(cloud_model)
     enc_flops, dec_flops = bottleneck_flops(spec, channels, hidden, stride)
     record = BottleneckRecord(spec.name, latent.name, channels, stride, hidden, tables, distilled, {
-        "frames": {"source": frames if frames in ("scene", "synthetic") else Path(frames).name or frames,
+        "frames": {"source": "given" if not isinstance(frames, str) else frames if frames in ("scene", "synthetic")
+                   else Path(frames).name or frames,
                    "train": len(train), "held_out": len(held)},
-        "seconds": round(report.seconds, 1), "steps": report.steps, "rate_weight": rate_weight, "seed": seed,
+        "seconds": round(report.seconds, 1), "steps": report.steps, "rate_weight": trained.rate_weight,
+        "seed": trained.seed, **({"weights": Path(weights).name} if weights is not None else {}),
         **({"unsupported_ops": missing} if missing else {})})
     edge_flops = cut.edge_flops(graph)
     with atomic_directory(plan.path, force=True) as tmp:
@@ -284,6 +387,8 @@ def add_bottleneck(plan_path: str | os.PathLike[str], at: str | Sequence[str], *
             from .report import write_report_png
 
             write_report_png(new, tmp / "report.png")
+    if save is not None:
+        save_weights(trained, save)
     step("done", 1.0)
     final = Plan.load(plan.path)
     return BottleneckResult(final, cid, spec.name, rung, distilled, missing, report, bits,

@@ -8,9 +8,12 @@ distillation from the frozen model on unlabeled frames (no labels, no hub weight
 
 * the loss is ``feature + output + rate_weight * bits per frame / 1e3``: the cut restored (MSE over
   the cut's variance), the model's outputs restored through the frozen back segment run in torch
-  (``onnx_torch.py``; MSE over the outputs' variance), and the latent's code length under the prior;
+  (``onnx_torch.py``; MSE over each output channel's variance: a detector's few class-score rows
+  would otherwise count for nothing beside its box coordinates in pixels, and class scores are what
+  its accuracy rests on), and the latent's code length under the prior;
 * the first ``feature_share`` of the time trains on the feature term alone (a fast start), then the
-  output term is added: the supervised-compression literature (BottleFit, SC2) and this project's
+  output term is eased in (``ramp_share``) and the learning rate falls over the last part
+  (``decay_share``): the supervised-compression literature (BottleFit, SC2) and this project's
   prototype agree that output distillation is what keeps the accuracy;
 * in training the latent gets uniform noise in [-1/2, 1/2) in place of rounding (Ballé et al.), so
   the rate term is differentiable and the decoder learns to read rounded values.
@@ -37,7 +40,9 @@ class BottleneckConfig:
     hidden: int = 64  # the encoder's and decoder's inner width
     rate_weight: float = 0.01  # weight of the bits term (per 1000 bits a frame)
     seconds: float = 600.0  # training time budget
-    feature_share: float = 0.4  # the first part of the time: the feature term alone
+    feature_share: float = 0.3  # the first part of the time: the feature term alone
+    ramp_share: float = 0.1  # then the output term eased in over this part of the time
+    decay_share: float = 0.3  # the learning rate falls to a tenth over the last part
     lr: float = 2e-3
     batch: int = 8
     seed: int = 0
@@ -51,6 +56,15 @@ class TrainReport:
     feature_mse: float = math.nan  # relative to the cut's variance
     output_mse: float = math.nan  # relative to the outputs' variance
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _channel_var(v: Any) -> Any:
+    """The variance of each channel (axis 1) of ``v`` over every other axis, shaped to broadcast
+    against ``v``; the whole tensor's for rank < 2."""
+    if v.dim() < 2:
+        return v.var() + 1e-8
+    dims = [d for d in range(v.dim()) if d != 1]
+    return v.var(dim=dims, keepdim=True) + 1e-8
 
 
 def build_bottleneck(cut_channels: int, cfg: BottleneckConfig) -> Any:
@@ -119,12 +133,20 @@ def train_bottleneck(model: Any, back: Any, batches: Callable[[], Iterator[Any]]
             with torch.no_grad():
                 want = back({cut_name: x})
             got = back({cut_name: restored})
-            if out_var is None:
-                out_var = {n: float(v.var()) + 1e-8 for n, v in want.items()}
-            output = sum(((got[n] - want[n]) ** 2).mean() / out_var[n] for n in want) / len(want)
-            loss = loss + output
+            if out_var is None:  # per output channel (axis 1): a detector's class scores count as much as its boxes
+                out_var = {n: _channel_var(v) for n, v in want.items()}
+            output = sum((((got[n] - want[n]) ** 2) / out_var[n]).mean() for n in want) / len(want)
+            # eased in: a decoder trained on the features alone meets a large output error at first,
+            # and taken at full weight at once it undoes what the feature phase learned
+            ramp = min(1.0, (elapsed - cfg.feature_share * cfg.seconds) / max(cfg.ramp_share * cfg.seconds, 1e-9))
+            loss = loss + ramp * output
         bits = logistic_bits_torch(y_hat, model.mu, model.log_scale) / x.shape[0]
         loss = loss + cfg.rate_weight * bits / 1e3
+        # the learning rate falls linearly to a tenth over the last part of the time
+        frac = elapsed / cfg.seconds
+        decay = 1.0 if frac < 1.0 - cfg.decay_share else max(0.1, (1.0 - frac) / cfg.decay_share)
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * decay
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -176,3 +176,34 @@ def test_rans_on_a_candidate_that_is_not_a_bottleneck_is_refused(plan_copy):
     (plan_copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(PlanFormatError, match="rans only for a bottleneck"):
         Plan.load(plan_copy)
+
+
+def test_weights_saved_once_attach_to_another_copy_without_torch(tmp_path, yolo_plan):
+    """--save writes the trained weights; --weights attaches them to another copy of the plan
+    without training and without importing torch (a demo or a deployment ships the weights, not a
+    training run): the same candidate, byte for byte."""
+    import subprocess
+    import sys
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(yolo_plan, a)
+    shutil.copytree(yolo_plan, b)
+    npz = tmp_path / "b1.npz"
+    add_bottleneck(a, "c1", save=npz, **QUICK)
+    code = ("import sys\n"
+            "from splitinfer.splitter import add_bottleneck\n"
+            f"add_bottleneck({str(b)!r}, None, weights={str(npz)!r}, frames='scene', eval_frames=4)\n"
+            "assert 'torch' not in sys.modules, 'attaching imported torch'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    pa, pb = Plan.load(a), Plan.load(b)
+    ca, cb = pa.candidate("b1"), pb.candidate("b1")
+    assert (ca.edge.sha256, ca.cloud.sha256) == (cb.edge.sha256, cb.cloud.sha256)
+    assert ca.bottleneck.tables.to_json() == cb.bottleneck.tables.to_json()
+    assert cb.bottleneck.training["weights"] == "b1.npz"
+
+    (tmp_path / "bad.npz").write_bytes(b"not an npz")
+    p = run("bottleneck", b, "--weights", tmp_path / "bad.npz", "--frames", "scene")
+    assert p.returncode == 2 and "not a bottleneck weights file" in p.stderr
+    p = run("bottleneck", b, "--frames", "scene")
+    assert p.returncode == 2 and "--at" in p.stderr

@@ -62,6 +62,26 @@ def test_class_names_come_from_the_model_metadata_or_a_file(tmp_path):
     assert DEFAULT_TRACE[0][1] > 0 and any(r == 0 for _, r in DEFAULT_TRACE)  # the default trace has a dead spot
 
 
+@needs_model
+def test_the_demo_plan_carries_the_shipped_bottleneck(tmp_path):
+    """The shipped bottleneck's weights (train_bottleneck.py) are attached to the demo's plan as
+    b1 without training or PyTorch: a mid-network candidate that sends a fraction of the JPEG of
+    the frame; and the cached plan is keyed by them."""
+    from splitinfer.demos.traffic_camera.app import BOTTLENECK_WEIGHTS, prepare_plan
+    from splitinfer.splitter import Plan
+
+    if not BOTTLENECK_WEIGHTS.is_file():
+        pytest.skip(f"no bottleneck weights at {BOTTLENECK_WEIGHTS} (demos/traffic_camera/train_bottleneck.py)")
+    plan = Plan.load(prepare_plan(MODEL, tmp_path))
+    b1 = plan.candidate("b1")
+    assert b1.bottleneck is not None and b1.bottleneck.at == "silu_12" and [r.codec for r in b1.wire] == ["rans"]
+    jpeg = plan.candidate("cloud").rung("jpeg", 90)
+    assert b1.wire[0].nbytes < jpeg.nbytes / 5, (b1.wire, jpeg)
+    plain = Plan.load(prepare_plan(MODEL, tmp_path, bottleneck=False))
+    assert plain.path != plan.path and "b1" not in [c.id for c in plain.candidates]
+    assert [p.name for p in (tmp_path / "demo-plans").iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
 def _demo(*args: str, cache: Path) -> subprocess.Popen[str]:
     env = os.environ | {"SPLITINFER_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "splitinfer", "demo", *args], stdout=subprocess.PIPE,

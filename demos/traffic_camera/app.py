@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -94,22 +95,47 @@ class DemoConfig:
 
 
 _PLAN_RECIPE = b"\0pixels=0-1\0wire=measured-v1"
+# the demo's learned bottleneck (train_bottleneck.py): attached to the shipped detector's plan as b1
+BOTTLENECK_WEIGHTS = HERE / "weights" / "bottleneck.npz"
+# The fidelity floor the demo's agent keeps. A plan's fidelity is 1 - the relative L2 error of the
+# raw outputs, which for a detector is mostly its box coordinates in pixels: it does not rank JPEG
+# against the bottleneck by accuracy (JPEG q30, 0.96 by it, loses ~3 mAP points; see
+# benchmarks/bottleneck_rate.py for the bottleneck's). The demo sends its all-cloud frames at JPEG
+# q90 (input_codec="jpeg"), so this floor only admits its bottleneck, whose mAP was measured.
+DEMO_MIN_FIDELITY = 0.9
+_MEASURE_SEED = 5151  # rendered scenes the attached bottleneck's bytes and fidelity are measured on
 
 
-def prepare_plan(model: Path, cache: Path, progress: Any = None) -> Path:
-    """Split ``model`` once; later runs reuse the plan (keyed by the model's hash)."""
-    from ...splitter import Plan, split_model
+def prepare_plan(model: Path, cache: Path, progress: Any = None, bottleneck: bool = True) -> Path:
+    """Split ``model`` once; later runs reuse the plan (keyed by the model's hash). For the shipped
+    detector the shipped bottleneck's weights are attached as candidate ``b1`` (``bottleneck=False``:
+    the plain plan, which the bottleneck is trained on)."""
+    from ...splitter import Plan, add_bottleneck, split_model
 
     # the detector takes RGB in [0, 1]: the plan records it, so all-cloud frames travel as JPEG;
     # the recipe is in the key, so a plan split another way (before wire sizes were measured) is not reused
-    digest = hashlib.sha256(model.read_bytes() + _PLAN_RECIPE).hexdigest()[:16]
+    weights = BOTTLENECK_WEIGHTS if bottleneck and model.resolve() == default_model().resolve() and \
+        BOTTLENECK_WEIGHTS.is_file() else None
+    extra = b"\0bottleneck=" + weights.read_bytes() if weights is not None else b""
+    digest = hashlib.sha256(model.read_bytes() + _PLAN_RECIPE + extra).hexdigest()[:16]
     out = cache / "demo-plans" / digest
     if out.is_dir():
         with contextlib.suppress(SplitinferError):
             Plan.load(out)
             return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    split_model(str(model), out, force=True, report=False, normalize="0-1", progress=progress)
+    staging = out.parent / f".{out.name}.staging"  # the cached plan appears whole (bottleneck included) or not at all
+    split_model(str(model), staging, force=True, report=False, normalize="0-1", progress=progress)
+    if weights is not None:
+        from .scene import render_dataset
+
+        spec = Plan.load(staging).inputs[0]
+        images, _, _ = render_dataset(16, spec.shape[2], seed=_MEASURE_SEED)
+        frames = [{spec.name: img.astype(np.float32).transpose(2, 0, 1)[None] / 255.0} for img in images]
+        add_bottleneck(staging, None, weights=weights, frames=frames, eval_frames=16)
+    if out.is_dir():  # a cached plan that no longer loads (checked above): this cache's own, replaced
+        shutil.rmtree(out)
+    os.replace(staging, out)
     return out
 
 
@@ -211,7 +237,7 @@ class TrafficDemo:
             self.emu = await stack.enter_async_context(LinkEmulator(target, delay_ms=cfg.delay_ms, **emu_kw))
             agent = await stack.enter_async_context(
                 EdgeAgent(self.plan, f"tcp://127.0.0.1:{self.emu.port}", codec="int8+lz4", input_codec="jpeg",
-                          postprocess="yolo", emulate_slowdown=cfg.slowdown, threads=1))
+                          postprocess="yolo", emulate_slowdown=cfg.slowdown, threads=1, min_fidelity=DEMO_MIN_FIDELITY))
             if not headless:
                 runner = await self._serve_http()
                 stack.push_async_callback(runner.cleanup)
