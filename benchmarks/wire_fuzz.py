@@ -30,7 +30,13 @@ def seeds() -> list[bytes]:
     msgs = [wire.Hello("p" * 64, "cam", token="t"), wire.Welcome("s"), wire.Refusal("token", "no"),
             wire.Error(1, "busy", "full"), wire.Ping(1, 0.5, padding=64), wire.Pong(1, 0.5, 1.0, 100), wire.Bye("x"),
             wire.Result(3, {"y": x}, timings=wire.ServerTimings(1, 2, 3, 4))]
-    msgs += [wire.InferRequest(i, "p", "c1", {"a": x, "b": np.arange(4)}, codec=c) for i, c in enumerate(CODEC_NAMES)]
+    from splitinfer.codecs import encode_tensor
+    from splitinfer.rans import SymbolTables
+
+    tables = SymbolTables.from_pmf([-3] * 4, [np.exp(-np.abs(np.arange(-3, 4)))] * 4, precision=12)
+    latent = {"a": encode_tensor(np.rint(4 * x - 2), "rans", tables=tables), "b": np.arange(4)}  # a bottleneck's
+    msgs += [wire.InferRequest(i, "p", "c1", latent if c == "rans" else {"a": x, "b": np.arange(4)}, codec=c)
+             for i, c in enumerate(CODEC_NAMES)]
     return [wire.encode_bytes(m) for m in msgs]
 
 
