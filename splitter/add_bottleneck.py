@@ -258,6 +258,21 @@ def _measure(root: Path, cand: Candidate, whole: Any, held: Sequence[Mapping[str
     return Rung("rans", int(round(float(np.mean(sizes)))), fidelity), float(np.mean(bits))
 
 
+def _runs_at_batch_2(model: onnx.ModelProto, latent: TensorSpec) -> bool:
+    """Whether a cloud segment made batch-dynamic really runs two requests at once (a back segment
+    may hold a reshape fixed at batch 1)."""
+    import onnxruntime as ort
+
+    try:
+        sess = make_session(model.SerializeToString(), level="basic")
+        quiet = ort.RunOptions()
+        quiet.log_severity_level = 4
+        sess.run(None, {latent.name: np.zeros((2, *latent.shape[1:]), np.float32)}, quiet)
+        return True
+    except Exception:
+        return False
+
+
 def _profiles(plan: Plan, root: Path, cand: Candidate, threads: int | None, budget_s: float) -> dict[str, Any]:
     """The plan's profiles with the new candidate's times: measured here for profiles of this
     machine's role ``both`` (the split host), scaled by each other profile's whole-model time
@@ -342,7 +357,13 @@ def add_bottleneck(plan_path: str | os.PathLike[str], at: str | Sequence[str] | 
     latent = TensorSpec(f"{cid}.latent", (1, channels, lh, lw), "float32")
     edge_model = edge_with_encoder(seg.edge, weights_, cid, spec.name, latent, stride)
     cloud_model = cloud_with_decoder(seg.cloud, weights_, cid, spec, latent, stride)
-    batchable = relax_batch(cloud_model)
+    batched = onnx.ModelProto()
+    batched.CopyFrom(cloud_model)
+    if relax_batch(batched) and _runs_at_batch_2(batched, latent):  # else the cloud runs it one request at a time
+        cloud_model = batched
+    batchable = cloud_model is batched
+    if save is not None:  # before the plan is touched: a bad --save path changes nothing
+        save_weights(trained, save)
     enc_flops, dec_flops = bottleneck_flops(spec, channels, hidden, stride)
     record = BottleneckRecord(spec.name, latent.name, channels, stride, hidden, tables, distilled, {
         "frames": {"source": "given" if not isinstance(frames, str) else frames if frames in ("scene", "synthetic")
@@ -387,8 +408,6 @@ def add_bottleneck(plan_path: str | os.PathLike[str], at: str | Sequence[str] | 
             from .report import write_report_png
 
             write_report_png(new, tmp / "report.png")
-    if save is not None:
-        save_weights(trained, save)
     step("done", 1.0)
     final = Plan.load(plan.path)
     return BottleneckResult(final, cid, spec.name, rung, distilled, missing, report, bits,
