@@ -9,7 +9,7 @@ time), so the edge, the splitter and the scripts share one definition of a frame
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from ._types import PixelFormat, TensorSpec
 from .errors import SplitinferError
 
-__all__ = ["synthetic_frames", "scene_frames", "video_frames", "image_dir_frames", "frames_from",
+__all__ = ["synthetic_frames", "scene_frames", "video_frames", "image_dir_frames", "frames_from", "given_frames",
            "image_input", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm")
@@ -159,3 +159,18 @@ def frames_from(source: str, inputs: Inputs, n: int | None, *, seed: int = 0,
         raise SplitinferError(f"{flag} {source!r}: expected 'synthetic', 'scene', a video file or a directory "
                               "of images")
     return video_frames(source, inputs, n)
+
+
+def given_frames(frames: Iterable[Mapping[str, np.ndarray]], inputs: Inputs, n: int | None = None,
+                 what: str = "frame") -> list[dict[str, np.ndarray]]:
+    """Frames a caller gave (input dicts), at most ``n``, each checked to hold every input and
+    brought to its spec's dtype and shape; a missing input is an error naming it."""
+    got: list[dict[str, np.ndarray]] = []
+    for k, f in enumerate(frames):
+        if n is not None and k >= n:
+            break
+        missing = [t.name for t in inputs if t.name not in f]
+        if missing:
+            raise SplitinferError(f"{what} {k}: no value for input {missing[0]!r}")
+        got.append({t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in inputs})
+    return got

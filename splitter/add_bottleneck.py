@@ -38,7 +38,7 @@ from onnx.utils import Extractor
 from .._types import TensorSpec
 from ..codecs import decode_tensor, encode_tensor
 from ..errors import SplitinferError, VerificationError
-from ..frames import frames_from
+from ..frames import frames_from, given_frames
 from .bottleneck import BottleneckConfig, TrainReport, build_bottleneck, train_bottleneck
 from .bottleneck_graph import bottleneck_flops, cloud_with_decoder, edge_with_encoder, latent_hw, weights_of
 from .cuts import cut_from_tensors
@@ -116,22 +116,14 @@ def _frames(plan: Plan, source: Frames, n_train: int, n_eval: int, seed: int) ->
     if n_train == 0 and n_eval >= 1:
         src = frames_from(source, plan.inputs, n_eval, seed=seed + 7919, flag="--frames") \
             if isinstance(source, str) else iter(source)
-        held = [{t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in plan.inputs}
-                for _, f in zip(range(n_eval), src)]
+        held = given_frames(src, plan.inputs, n_eval)
         if not held:
             raise SplitinferError("no frames to measure the bottleneck on")
         return [], held
     if n_train < 1 or n_eval < 1:
         raise SplitinferError(f"--train-frames and --eval-frames must be at least 1, got {n_train} and {n_eval}")
     if not isinstance(source, str):
-        got = []
-        for k, f in enumerate(source):
-            if k >= n_train + n_eval:
-                break
-            missing = [t.name for t in plan.inputs if t.name not in f]
-            if missing:
-                raise SplitinferError(f"frame {k}: no value for input {missing[0]!r}")
-            got.append({t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in plan.inputs})
+        got = given_frames(source, plan.inputs, n_train + n_eval)
         if len(got) < 2:
             raise SplitinferError(f"{len(got)} frame(s) given; a bottleneck needs at least 2")
         k = min(n_eval, max(1, len(got) // 5))

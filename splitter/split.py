@@ -21,7 +21,7 @@ from onnx.utils import Extractor
 from .. import __version__
 from .._types import TensorSpec
 from ..errors import SplitinferError, VerificationError
-from ..frames import frames_from, image_input
+from ..frames import frames_from, given_frames, image_input
 from .cost_model import NOMINAL_FLOP_PER_MS
 from .cuts import Cut, cut_from_tensors, find_candidates
 from .graph import ModelGraph, analyse
@@ -55,14 +55,7 @@ def _sample_frames(specs: Sequence[TensorSpec], frames: Frames, n: int) -> tuple
         got = list(frames_from(frames, specs, n, flag="--frames"))
     else:
         source = "given"
-        got = []
-        for k, f in enumerate(frames):
-            if k >= n:
-                break
-            missing = [t.name for t in specs if t.name not in f]
-            if missing:
-                raise SplitinferError(f"sample frame {k}: no value for input {missing[0]!r}")
-            got.append({t.name: np.asarray(f[t.name], dtype=t.dtype).reshape(t.shape) for t in specs})
+        got = given_frames(frames, specs, n, what="sample frame")
     if not got:
         raise SplitinferError(f"--frames {source}: no frames")
     return got, source
