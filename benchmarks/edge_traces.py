@@ -20,7 +20,12 @@ the cloud: on 2 cores a frame that arrives with other strategies' frames waits f
 since every stream runs at the same frame rate from a fixed offset, one strategy's frames met
 them every time and another's never (session 19, 20 Mbit/s: the adaptive agent ran the
 all-cloud candidate for 58 of 60 frames and took 1.30x the all-cloud strategy's latency, its
-cloud compute 80-190 ms against ~40). Latency counts from a frame's scheduled capture (the camera's
+cloud compute 80-190 ms against ~40). Side by side (``--parallel N``) each slot now has its own cloud
+process, so the strategies share the machine's cores but no cloud queue, and they meet the
+machine's drift at the same time (one after another, a window's strategies met a machine whose
+speed differed by up to 1.5x between them: session 24's probe, 9 vs 13.5 ms). ``--aa STRATEGY``
+runs one static strategy twice in every regime: the spread of those pairs is the noise floor
+every ratio stands on, measured rather than inferred. Latency counts from a frame's scheduled capture (the camera's
 clock), so a strategy that cannot keep the frame rate pays for the frames waiting behind it.
 
 Goals (issue 11): in every fixed regime adaptive <= 1.05x the best static strategy's mean (the
@@ -35,7 +40,7 @@ turn (``order`` in the JSON), so a drift in the machine's background load is not
 the same strategy.
 
     python benchmarks/edge_traces.py [--devices slow,fast] [--fixed-seconds 40] [--repeats 3] [--windows 3]
-        [--window-seconds 120] [--window-devices slow] [--traces 10] [--parallel 1] [--warmup-s 10]
+        [--window-seconds 120] [--window-devices slow] [--traces 10] [--parallel 1] [--warmup-s 10] [--model demo]
         [--only REGEX] [--resume] [--from-records] [--strategies adaptive,cloud --name NAME]
         [--full-records DIR]
 
@@ -89,7 +94,10 @@ RECORDS = RESULTS / f"{NAME}_records"
 # of sessions 19-21 and ~700 ms, unable to keep 2 fps, on a host half as fast the next day)
 DEVICES = {"slow": (270.0, 2.0), "fast": (100.0, 8.0)}
 QUOTAS: dict[str, float] = {}  # per device, the calibrated CPU quota (share of one core)
-FAST_PARALLEL = 2
+# side by side, the edges' quotas together stay within this many cores: the cloud processes and the
+# link emulators need the rest of a 2-core machine (YOLO-n's fast device, 0.55-0.9 core, ran at
+# most two at once; the demo detector's slow device is ~0.1 core)
+EDGE_CORES = 1.3
 # a static strategy whose frames come this late is stopped: it cannot be the best static (it fell
 # behind) nor the oracle's pick (the all-edge strategy keeps the frame rate), and running it to the
 # regime's end cost ~2 of a trace window's ~11 minutes for each of the two far cuts
@@ -155,8 +163,11 @@ def cgroup(slot: int, quota: float) -> Path | None:
     d = CGROUPS / f"splitinfer-edge-{slot}"
     try:
         d.mkdir(exist_ok=True)
-        (d / "cpu.cfs_period_us").write_text("10000")
-        (d / "cpu.cfs_quota_us").write_text(str(int(10000 * quota)))
+        # a 10-ms period unless the quota would fall below the kernel's 1-ms floor (a model of ~20 ms
+        # at full speed made a ~270-ms device is ~0.08 core): then the period that gives it 1 ms
+        period = max(10000, math.ceil(1000 / quota))
+        (d / "cpu.cfs_period_us").write_text(str(period))
+        (d / "cpu.cfs_quota_us").write_text(str(int(period * quota)))
         return d
     except OSError:
         return None
@@ -240,8 +251,8 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
            str(frames), "--fps", str(fps), "--threads", "1", "--codec", "int8+lz4", "--postprocess", "yolo",
            "--out", str(out), "--json"]
-    if strategy != "adaptive":
-        cmd += ["--candidate", strategy]
+    if candidate_of(strategy) != "adaptive":
+        cmd += ["--candidate", candidate_of(strategy)]
     if group is None:
         cmd += ["--emulate-slowdown", str(1 / quota)]
     emu = None
@@ -321,12 +332,14 @@ def trim(r: dict) -> dict:
             "ms": round(r["timings"]["total_ms"], 2), "fallback": r["fallback"], "reason": r["fallback_reason"]}
 
 
-async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategies: list[str],
+async def run_regime(plan_dir: Path, cloud_ports: list[int], regime: Regime, device: str, strategies: list[str],
                      parallel: int, tmp: Path, cpu: dict[str, float], full: Path | None = None,
                      key: str = "", spans: dict[str, tuple[float, float]] | None = None,
                      uplink: dict[str, float] | None = None) -> dict[str, list[dict]]:
     """The strategies' records; ``cpu``, ``uplink`` and ``spans`` (strategy -> (start, end), wall
-    clock) are filled in."""
+    clock) are filled in. Strategies side by side (``parallel`` > 1) each have their own slot: its
+    cgroup and its own cloud process (``cloud_ports[slot]``), so they share the machine's two cores
+    but never a cloud's queue."""
     spans = {} if spans is None else spans
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
@@ -337,7 +350,7 @@ async def run_regime(plan_dir: Path, cloud_port: int, regime: Regime, device: st
             try:
                 out = tmp / f"{device}.{s}.jsonl"
                 t0 = time.time()
-                recs = await run_strategy(plan_dir, cloud_port, regime, device, s, slot, out, cpu, uplink)
+                recs = await run_strategy(plan_dir, cloud_ports[slot], regime, device, s, slot, out, cpu, uplink)
                 spans[s] = (t0, time.time())
                 if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
                     (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())
@@ -390,7 +403,7 @@ def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0
     included, over its whole run (runs before it was recorded have none)."""
     records = {s: [r for r in recs if r["frame"] >= warmup] for s, recs in records.items()}
     n -= warmup
-    statics = [s for s in records if s != "adaptive"]
+    statics = [s for s in records if s != "adaptive" and not s.startswith(AA)]
     uplink = uplink or {}
     per: dict = {s: stats(r) | {"fell_behind": len(r) < n, "uplink_bytes_per_frame": uplink.get(s, math.nan)}
                  for s, r in records.items()}
@@ -412,7 +425,11 @@ def summarise(name: str, records: dict[str, list[dict]], n: int, warmup: int = 0
     best = min(complete, key=lambda s: per[s]["mean_ms"])
     ad, bs, orc = per["adaptive"]["mean_ms"], per[best]["mean_ms"], per["oracle"]["mean_ms"]
     occ = per["oracle_conditions"]["mean_ms"]
-    per["ratios"] = {"best_static": best, "adaptive_over_best_static": ad / bs, "best_static_over_adaptive": bs / ad,
+    # the A/A run: the same static strategy run twice in the same window (side by side): how far two
+    # runs of identical work differ here, the noise floor every ratio above stands on
+    aa = {s[len(AA):]: per[s]["mean_ms"] / per[s[len(AA):]]["mean_ms"] for s in records
+          if s.startswith(AA) and s[len(AA):] in per}
+    per["ratios"] = {"best_static": best, "aa_over_original": aa, "adaptive_over_best_static": ad / bs, "best_static_over_adaptive": bs / ad,
                      "best_static_over_oracle": bs / orc, "adaptive_over_oracle": ad / orc,
                      "best_static_over_oracle_conditions": bs / occ, "adaptive_over_oracle_conditions": ad / occ,
                      "adaptive_bytes_over_cloud": per["adaptive"]["bytes_per_frame"] / max(per["cloud"]["bytes_per_frame"], 1)
@@ -458,6 +475,7 @@ def aggregate(results: dict) -> dict:
             aoc = sorted(w["adaptive_over_oracle_conditions"] for w in wins)
             ao = sorted(w["adaptive_over_oracle"] for w in wins)
             bs_ad = [w["best_static_over_adaptive"] for w in wins]
+            aas = [x for w in wins for x in w.get("aa_over_original", {}).values()]
             d |= {"windows": len(wins), "geomean_best_static_over_adaptive": math.exp(g_ad),
                   "geomean_best_static_over_oracle": math.exp(g_or),
                   "share_of_oracle_gain": g_ad / g_or if g_or > 1e-9 else math.nan,
@@ -472,7 +490,12 @@ def aggregate(results: dict) -> dict:
                       w["adaptive_uplink_over_cloud"] for w in wins
                       if not math.isnan(w.get("adaptive_uplink_over_cloud", math.nan))]) else None,
                   "windows_with_uplink": len(up),
-                  "windows_adaptive_no_slower_than_cloud": sum(bool(w["adaptive_no_slower_than_cloud"]) for w in wins)}
+                  "windows_adaptive_no_slower_than_cloud": sum(bool(w["adaptive_no_slower_than_cloud"]) for w in wins),
+                  # the noise floor: two runs of one static strategy in the same window (--aa)
+                  "aa_windows": len(aas),
+                  "aa_geomean": math.exp(statistics.mean(math.log(x) for x in aas)) if aas else None,
+                  "aa_rms_log": math.sqrt(statistics.mean(math.log(x) ** 2 for x in aas)) if aas else None,
+                  "aa_extremes": [min(aas), max(aas)] if aas else None}
             d["windows_goal_met"] = (d["share_of_oracle_gain"] >= 0.6 and min(bs_ad) >= 0.97
                                      and d["median_adaptive_over_oracle"] <= 1.05)
             # the same goals against the oracle that knows the conditions but not each frame's luck
@@ -528,10 +551,17 @@ def main() -> None:
     ap.add_argument("--window-devices", default="slow", help="devices the trace windows run on")
     ap.add_argument("--traces", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", type=int, default=640)
+    ap.add_argument("--size", type=int, default=640, help="ref:yolo-n's input side")
+    ap.add_argument("--model", choices=["yolo-n", "demo"], default="yolo-n",
+                    help="yolo-n: ref:yolo-n split at --size (random weights, no bottleneck); demo: the traffic "
+                         "demo's detector with its shipped learned bottleneck b1 (results under "
+                         "edge_traces_bottleneck unless --name says otherwise)")
     ap.add_argument("--parallel", type=int, default=1,
                     help="strategies side by side (default 1: side by side they contend at the cloud; "
-                         "fast device: at most FAST_PARALLEL)")
+                         "at most EDGE_CORES of edge quota at once)")
+    ap.add_argument("--aa", default=None, metavar="STRATEGY",
+                    help="also run this static strategy a second time in every regime (as aa_STRATEGY, left out "
+                         "of the oracle and the best static): the noise between two runs of identical work")
     ap.add_argument("--warmup-s", type=float, default=10.0, help="seconds of frames at the start left out (cold start)")
     ap.add_argument("--only", default=None, help="regimes whose name matches this regex")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in edge_traces.json")
@@ -542,9 +572,11 @@ def main() -> None:
     ap.add_argument("--name", default=NAME, help="results under this name (JSON, plot, records): a subset or a "
                     "diagnostic run goes beside the headline figures, not over them")
     args = ap.parse_args()
+    if args.model == "demo" and args.name == NAME:
+        args.name = f"{NAME}_bottleneck"
     if not re.fullmatch(r"[A-Za-z0-9_-]+", args.name):
         sys.exit(f"--name: letters, digits, _ and - only, got {args.name!r}")
-    if args.strategies and args.name == "edge_traces":
+    if args.strategies and args.name in (NAME, f"{NAME}_bottleneck"):
         sys.exit("--strategies runs a subset: give it its own --name (the headline figures need every strategy)")
     NAME, RECORDS = args.name, RESULTS / f"{args.name}_records"
     import fcntl
@@ -585,10 +617,7 @@ def main() -> None:
     if args.only:
         plan_work = [w for w in plan_work if re.search(args.only, w[0].name)]
     with tempfile.TemporaryDirectory() as tmp:
-        plan_dir = Path(tmp) / "plan"
-        subprocess.run([sys.executable, "-m", "splitinfer", "split", "ref:yolo-n", "-o", str(plan_dir),
-                        "--input-shape", f"input=1,3,{args.size},{args.size}", "--json"], check=True,
-                       capture_output=True)
+        plan_dir = make_plan(args.model, args.size, Path(tmp))
         from splitinfer.splitter import Plan
 
         strategies = ["adaptive", *(c.id for c in Plan.load(plan_dir).candidates)]
@@ -597,12 +626,18 @@ def main() -> None:
             if unknown:
                 sys.exit(f"--strategies: unknown {sorted(unknown)}; the strategies are {strategies}")
             strategies = [s for s in strategies if s in args.strategies.split(",")]
+        if args.aa:
+            if args.aa not in strategies or args.aa == "adaptive":
+                sys.exit(f"--aa: a static strategy of {strategies[1:]}, got {args.aa!r}")
+            strategies.append(AA + args.aa)
         if args.full_records is not None:
             args.full_records.mkdir(parents=True, exist_ok=True)
         devices = calibrate(plan_dir, sorted({d for _, d, _ in plan_work}))  # before the cloud starts
         # the cloud at full speed: ahead of the edges and the link emulators in the CPU's queue (as
         # root), else its compute times carry this machine's contention (27-100 ms for one frame)
-        cloud, port = cloud_serve(plan_dir, preexec_fn=_cloud_first)
+        # one cloud per slot: strategies side by side never wait in each other's cloud queue
+        clouds = [cloud_serve(plan_dir, preexec_fn=_cloud_first) for _ in range(max(1, args.parallel))]
+        ports = [port for _, port in clouds]
         probe = MachineProbe()
         try:
             print(f"edge: cgroup CPU quota per device {QUOTAS}; cloud at full speed; "
@@ -615,14 +650,14 @@ def main() -> None:
                 # machine whose background load drifts over minutes does not always meet the same one
                 order = strategies[turn % len(strategies):] + strategies[:turn % len(strategies)]
                 t = time.monotonic()
-                # the fast device's strategies need 0.55-0.9 core each (its calibrated quota) and the
-                # cloud ~0.3 core per 8-fps stream: on a 2-core machine more than two side by side
-                # starve each other and the cloud
-                par = min(args.parallel, FAST_PARALLEL) if device == "fast" else args.parallel
+                # each strategy's edge needs its quota (YOLO-n's fast device: 0.55-0.9 core) and the
+                # cloud ~0.3 core per 8-fps YOLO-n stream: on a 2-core machine too many side by side
+                # starve each other and the clouds
+                par = max(1, min(args.parallel, int(EDGE_CORES / QUOTAS[device])))
                 cpu: dict[str, float] = {}
                 uplink: dict[str, float] = {}
                 spans: dict[str, tuple[float, float]] = {}
-                recs = asyncio.run(run_regime(plan_dir, port, regime, device, order, par, Path(tmp), cpu,
+                recs = asyncio.run(run_regime(plan_dir, ports, regime, device, order, par, Path(tmp), cpu,
                                               args.full_records, key, spans, uplink))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
@@ -632,7 +667,7 @@ def main() -> None:
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
                                         "device_calibration": devices[device],
-                                        "order": order, "cpu_ms_per_frame": cpu, "uplink_bytes_per_frame": uplink,
+                                        "order": order, "parallel": par, "cpu_ms_per_frame": cpu, "uplink_bytes_per_frame": uplink,
                                         "machine_probe_ms": probe.during(spans),
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
                                                              _half_window(device), uplink)}
@@ -641,9 +676,32 @@ def main() -> None:
                 finish(results)  # after every regime: a stopped run keeps what it measured
         finally:
             probe.close()
-            cloud.terminate()
-            cloud.wait(30)
+            for cloud, _ in clouds:
+                cloud.terminate()
+            for cloud, _ in clouds:
+                cloud.wait(30)
     finish(results)
+
+
+AA = "aa_"  # the A/A run of a static strategy: "aa_edge" runs the edge candidate again
+
+
+def candidate_of(strategy: str) -> str:
+    """The candidate a strategy pins ("adaptive": none)."""
+    return strategy[len(AA):] if strategy.startswith(AA) else strategy
+
+
+def make_plan(model: str, size: int, tmp: Path) -> Path:
+    """The plan every strategy runs: ref:yolo-n split at ``size``, or the demo's plan (its detector,
+    the shipped bottleneck attached as ``b1``, exactly as ``splitinfer demo`` builds it)."""
+    if model == "demo":
+        from splitinfer.demos.traffic_camera.app import default_model, prepare_plan
+
+        return prepare_plan(default_model(), tmp / "cache")
+    plan_dir = tmp / "plan"
+    subprocess.run([sys.executable, "-m", "splitinfer", "split", "ref:yolo-n", "-o", str(plan_dir),
+                    "--input-shape", f"input=1,3,{size},{size}", "--json"], check=True, capture_output=True)
+    return plan_dir
 
 
 def _cloud_first() -> None:
