@@ -1,6 +1,6 @@
 """The ``splitinfer`` command line: the parser, and errors mapped to exit codes. What each
-subcommand does is in :mod:`splitinfer.commands`; each imports its part lazily so that
-``splitinfer --help`` and the edge's commands stay fast and light.
+subcommand does is in :mod:`splitinfer.commands` and :mod:`splitinfer.run_commands`; each
+imports its part lazily so that ``splitinfer --help`` and the edge's commands stay fast and light.
 
 Exit status: 0 success; 1 a check failed (``verify``); 2 bad input (the message names it).
 With ``--json`` the last line on stdout is one JSON object, also on failure.
