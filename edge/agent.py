@@ -222,8 +222,10 @@ class EdgeAgent:
         single run at twice its time, and the edge was not tried again for seconds); the codecs run once on the cut
         so their first use costs nothing extra."""
         zeros = {t.name: np.zeros(t.shape, t.dtype) for t in self.plan.inputs}
+        # pinned, the candidate and the whole model (what its frames fall back on: when to hedge
+        # depends on how long the device takes to finish a frame)
         for i, cand in enumerate(self.plan.candidates):
-            if cand.edge is None or (self.pinned is not None and i != self.pinned):
+            if cand.edge is None or (self.pinned is not None and i not in (self.pinned, self._whole)):
                 continue
             backend = self.device.backend(str(self.plan.file(cand.edge)))
             feeds = {k: zeros[k] for k in cand.edge.inputs}
@@ -454,8 +456,10 @@ class EdgeAgent:
                 timings["encode_ms"] = (time.perf_counter() - t) * 1e3
                 self.controller.observe_encode(i, timings["encode_ms"])
             self.sizes.mark(i)
+            # paced, the device is not needed by another frame before the next one is due
+            due = t0 + self.frame_interval_ms / 1e3 if math.isfinite(self.frame_interval_ms) else -math.inf
             outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
-                                             priority=index)
+                                             priority=index, free_until=due)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
             network_ms = outcome.network_ms
         else:

@@ -98,7 +98,8 @@ def test_the_device_queue_counts_what_is_ahead():
 
 def test_a_hedge_waits_for_a_busy_device_to_be_worth_it(yolo_plan):
     """A late frame on a busy device: the device starts it only when it would finish sooner than
-    the cloud is expected to; on an idle fast device at once."""
+    the cloud is expected to; on an idle fast device at once; on an idle device that would be done
+    before the camera's next frame, at once (it delays nobody)."""
     plan = Plan.load(yolo_plan)
     ag = EdgeAgent(plan, "tcp://127.0.0.1:9", warmup=False)
     rc = ag.remote
@@ -106,6 +107,12 @@ def test_a_hedge_waits_for_a_busy_device_to_be_worth_it(yolo_plan):
     assert not rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=300)  # 300 ms away, 30 ms late: no
     assert rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=300)  # 350 ms late now: yes
     assert rc.should_hedge(elapsed_ms=2900, network_ms=2800, local_ms=300)  # the deadline: must
+    # free: the device idle and done 100 ms before the camera's next frame: at once, though 30 ms late
+    assert rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=300, free_ms=400)
+    assert not rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=300, free_ms=250)  # it would delay the next
+    ag.device._jobs[999] = (9.0, 20.0, None)  # a newer frame's edge segment queued: not free any more
+    assert not rc.should_hedge(elapsed_ms=80, network_ms=50, local_ms=300, priority=8, free_ms=400)
+    ag.device._jobs.clear()
     ag.device._jobs.update({k: (0.0, 500.0, None) for k in range(1000, 1003)})  # a full queue of older frames
     assert not rc.should_hedge(elapsed_ms=400, network_ms=50, local_ms=5, priority=7)
     ag.device._jobs.clear()

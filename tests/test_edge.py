@@ -253,6 +253,37 @@ def test_a_link_outage_costs_a_frame_at_most_its_deadline_plus_local_compute(yol
     assert took < 1.5  # not the 5 s outage
 
 
+def test_an_idle_device_hedges_a_stalled_frame_at_once_when_it_delays_no_other(yolo_plan):
+    """A camera at 2 fps, every frame to the cloud, a slow device idle between frames: when the
+    link stalls, the frame is started on the device at the first check, not after waiting until
+    it is as late as the device is slow (the device is free until the next frame is due, and the
+    first result wins), and the frame after the stall goes to the cloud again."""
+    plan = Plan.load(yolo_plan)
+
+    async def main():
+        async with service(yolo_plan) as svc:
+            async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
+                async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate="cloud", codec="fp16",
+                                     emulate_slowdown=SLOW) as ag:
+                    local_ms = ag._local_finish_ms(ag._resolve("cloud"))
+
+                    async def source():
+                        for k in range(7):
+                            if k == 4:  # (frame 3 may be in flight: the source runs ahead)
+                                emu.outage(0.6)
+                            yield random_feeds(plan.inputs, seed=k)
+
+                    out = [r async for r in ag.stream(source(), fps=2)]
+                    return out, ag.remote.hedges, ag.remote.hedges_declined, local_ms
+    out, hedges, declined, local_ms = arun(main(), timeout=60)
+    assert 35 < local_ms < 400  # a device slower than the hedge's first check, that fits between frames
+    assert [r.index for r in out] == list(range(7))
+    stalled = [r for r in out if r.fallback]
+    assert stalled and all("later than" in r.fallback_reason for r in stalled)
+    assert hedges == len(stalled) and declined == 0  # started at the first check, never declined until as late
+    assert not out[-1].fallback and out[-1].placement == "cloud"
+
+
 def test_a_late_frame_is_hedged_locally_and_its_late_reply_still_measures_the_link(yolo_plan):
     """The link slows to a crawl without dropping: the frame is finished on the device long before
     the cloud's reply, and that reply, when it comes, tells the bandwidth monitor the real rate."""
