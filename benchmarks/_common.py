@@ -53,10 +53,12 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     Console(width=200).print(t)
 
 
-def cloud_serve(plan_dir: Path, preexec_fn: Callable[[], None] | None = None) -> tuple[subprocess.Popen, int]:
+def cloud_serve(plan_dir: Path, preexec_fn: Callable[[], None] | None = None,
+                threads: int | None = None) -> tuple[subprocess.Popen, int]:
     """``splitinfer cloud serve PLAN`` on loopback (no zeroconf), started: the process and its edge port."""
     proc = subprocess.Popen([sys.executable, "-m", "splitinfer", "cloud", "serve", str(plan_dir), "--listen",
-                             "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise"],
+                             "127.0.0.1:0", "--http", "127.0.0.1:0", "--no-advertise",
+                             *(["--threads", str(threads)] if threads else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=preexec_fn)
     text = ""
     while "serving" not in text:

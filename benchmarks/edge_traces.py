@@ -635,8 +635,11 @@ def main() -> None:
         devices = calibrate(plan_dir, sorted({d for _, d, _ in plan_work}))  # before the cloud starts
         # the cloud at full speed: ahead of the edges and the link emulators in the CPU's queue (as
         # root), else its compute times carry this machine's contention (27-100 ms for one frame)
-        # one cloud per slot: strategies side by side never wait in each other's cloud queue
-        clouds = [cloud_serve(plan_dir, preexec_fn=_cloud_first) for _ in range(max(1, args.parallel))]
+        # one cloud per slot: strategies side by side never wait in each other's cloud queue; each
+        # on one thread (five services of two spinning onnxruntime threads each on two cores took
+        # 45-50 ms for the demo detector's 12-ms frame)
+        clouds = [cloud_serve(plan_dir, preexec_fn=_cloud_first, threads=1 if args.parallel > 1 else None)
+                  for _ in range(max(1, args.parallel))]
         ports = [port for _, port in clouds]
         probe = MachineProbe()
         try:

@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on SIGINT/SIGTERM, finish queued requests for at most S seconds (default 5)")
     cs.add_argument("--idle-timeout-s", type=_positive, default=120.0, metavar="S",
                     help="close a connection that sends nothing for S seconds (default 120)")
+    cs.add_argument("--threads", type=_count, default=None, metavar="N",
+                    help="onnxruntime threads per session (default: its own, one per core; several services "
+                         "on one machine each want fewer)")
     cs.set_defaults(cmd="cloud serve")
 
     e = sub.add_parser("edge", help="the edge agent")

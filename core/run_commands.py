@@ -71,7 +71,7 @@ def cmd_cloud_serve(args: argparse.Namespace) -> int:
                        tls_cert=args.tls_cert, tls_key=args.tls_key, advertise=not args.no_advertise,
                        max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
                        postprocess=args.postprocess, max_connections=args.max_connections, max_rows=args.max_rows,
-                       idle_timeout_s=args.idle_timeout_s)
+                       idle_timeout_s=args.idle_timeout_s, threads=args.threads)
 
     async def run() -> None:
         await svc.start()
