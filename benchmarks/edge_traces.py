@@ -250,7 +250,7 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
     frames = int(regime.seconds * fps)
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
            str(frames), "--fps", str(fps), "--threads", "1", "--codec", "int8+lz4", "--postprocess", "yolo",
-           "--out", str(out), "--json"]
+           "--out", str(out), "--json", *EDGE_ARGS]
     if candidate_of(strategy) != "adaptive":
         cmd += ["--candidate", candidate_of(strategy)]
     if group is None:
@@ -686,6 +686,7 @@ def main() -> None:
     finish(results)
 
 
+EDGE_ARGS: list[str] = []  # what every strategy's edge run adds for the model (the demo's fidelity floor)
 AA = "aa_"  # the A/A run of a static strategy: "aa_edge" runs the edge candidate again
 
 
@@ -698,8 +699,12 @@ def make_plan(model: str, size: int, tmp: Path) -> Path:
     """The plan every strategy runs: ref:yolo-n split at ``size``, or the demo's plan (its detector,
     the shipped bottleneck attached as ``b1``, exactly as ``splitinfer demo`` builds it)."""
     if model == "demo":
-        from splitinfer.demos.traffic_camera.app import default_model, prepare_plan
+        from splitinfer.demos.traffic_camera.app import DEMO_MIN_FIDELITY, default_model, prepare_plan
 
+        # the floor the demo's agent keeps: edge run's default (0.98) leaves b1 (0.979 by the
+        # plan's relative-L2 fidelity, which does not track a detector's accuracy) to the static
+        # strategy alone, and the adaptive agent never uses it
+        EDGE_ARGS[:] = ["--min-fidelity", str(DEMO_MIN_FIDELITY)]
         return prepare_plan(default_model(), tmp / "cache")
     plan_dir = tmp / "plan"
     subprocess.run([sys.executable, "-m", "splitinfer", "split", "ref:yolo-n", "-o", str(plan_dir),
