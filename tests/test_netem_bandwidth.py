@@ -313,3 +313,46 @@ def test_a_link_a_probe_can_time_is_not_ramped_on():
     assert set(sizes) == {prober.min_probe_bytes}, sizes  # steady probes only
     # at the share: 10 % of 0.8 Mbit/s is 10 KB/s, a 48 KB probe every ~4.9 s (not one every 10 s)
     assert len(sizes) >= 9, len(sizes)
+
+
+def _after_probing(mbps, seconds, budget_bps):
+    """A prober that has probed an idle link of ``mbps`` for ``seconds`` under ``budget_bps``
+    (its debt outstanding, as on an agent running on the device), and its fake clock."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    mon.add_transfer(int(mbps * 1e6 / 8), 1.0, at=0.0)
+    prober = ActiveProber(mon, None)
+    prober.budget_bps = budget_bps
+    probe_an_idle_link(prober, mon, now, mbps, seconds)
+    return prober, mon, now
+
+
+def test_a_link_that_comes_back_after_an_outage_is_found_within_seconds():
+    """A late frame during a 1-s outage sets a ceiling of 0.2 Mbit/s on a 4 Mbit/s link; the
+    link is back at once. The budget (300 B/s, a tenth of a 1.5 KB bottleneck's frames at 2 fps)
+    would space probes ~160 s apart, and before, the ceiling held until the next probe every
+    ``max_interval_s`` (10 s); a recovery probe finds the link within ~1 s."""
+    prober, mon, now = _after_probing(4.0, 25.0, budget_bps=300.0)  # its last probe 5 s ago
+    mon.add_ceiling(0.2, at=now[0])
+    assert mon.raw_mbps() == pytest.approx(0.2)
+    probe_an_idle_link(prober, mon, now, 4.0, 2.0)
+    assert mon.raw_mbps() > 3.0
+    assert prober.recovery_probes == 1
+
+
+def test_a_fall_that_stays_costs_a_few_recovery_probes():
+    """The link really fell (4 -> 0.2 Mbit/s): recovery probes back off (1, 2, 4, 8 s) and stop once
+    the fall is what the estimate remembers (``recall_s``); while a faster link would not matter,
+    none are sent."""
+    prober, mon, now = _after_probing(4.0, 30.0, budget_bps=300.0)
+    mon.add_transfer(25_000, 1.0, at=now[0])  # a timed sample at 0.2 Mbit/s: the fall
+    probe_an_idle_link(prober, mon, now, 0.2, 40.0)
+    assert 1 <= prober.recovery_probes <= 4, prober.recovery_probes
+    before = prober.recovery_probes
+    probe_an_idle_link(prober, mon, now, 0.2, 60.0)
+    assert prober.recovery_probes == before
+    quiet, q_mon, q_now = _after_probing(4.0, 30.0, budget_bps=300.0)
+    quiet.want_more = False
+    q_mon.add_ceiling(0.2, at=q_now[0])
+    probe_an_idle_link(quiet, q_mon, q_now, 4.0, 5.0)
+    assert quiet.recovery_probes == 0

@@ -28,7 +28,14 @@ link is found, as TCP slow start and BBR's startup do: back-to-back probes, each
 until the measured rate stops growing (less than 25 % over two rounds), a probe takes
 ``probe_ms`` to cross (it timed the link itself) or the largest probe is reached; then it rests
 until its bytes are within the share, and at least ``ramp_every_s``. A link slow enough for a
-probe to time is not ramped on.
+probe to time is not ramped on. When the estimate falls below ``fall_ratio`` of its highest in the
+last ``recall_s`` (a late frame's ceiling, a probe caught in a stall) and a faster link would
+matter, recovery probes go ``recovery_s`` after the fall, then twice as far apart each time,
+whatever the share or budget: most such falls are a mobile link's outage of a second or two, and
+the budget alone (a tenth of what the frames would send: a 48 KB probe every ~160 s beside a 1.5 KB
+bottleneck) left an agent on the device for 5-10 s after the link came back, on every outage of
+a trace (demo detector, ATT-LTE-driving-2016: ~18 ms a frame of its 198). A fall that stays costs
+~3-4 probes before it is the estimate ``recall_s`` remembers.
 """
 
 from __future__ import annotations
@@ -244,6 +251,12 @@ class ActiveProber:
         self._ramp_rest_until = -math.inf
         self._debt = 0.0  # probe bytes not yet covered by the share of the rate (see _repay)
         self._debt_at = 0.0
+        # recovery from a fall (see the module's docstring)
+        self.fall_ratio, self.recall_s, self.recovery_s = 0.25, 10.0, 1.0
+        self._highs: deque[tuple[float, float]] = deque()  # (at, Mbit/s): the estimate's maxima, recall_s
+        self._fell_at: float | None = None
+        self._recoveries = 0  # recovery probes sent since the fall
+        self.recovery_probes = 0  # in all
 
     def rate_bound_mbps(self, now: float | None = None, rtt_ms: float = 0.0) -> float:
         """What unanswered probes say: a probe of n bytes sent t seconds ago and not yet answered
@@ -296,14 +309,38 @@ class ActiveProber:
         else:
             self._ramp_size = min(self._ramp_size * 2, self.max_probe_bytes)
 
+    def _fallen(self, now: float) -> bool:
+        """Whether the estimate is below ``fall_ratio`` of its highest in the last ``recall_s``
+        (and since when: ``_fell_at``)."""
+        est = self.monitor.raw_mbps()
+        highs = self._highs
+        while highs and now - highs[0][0] > self.recall_s:
+            highs.popleft()
+        while highs and highs[-1][1] <= est:
+            highs.pop()
+        highs.append((now, est))
+        if est < self.fall_ratio * highs[0][1]:
+            if self._fell_at is None:
+                self._fell_at, self._recoveries = now, 0
+            return True
+        self._fell_at = None
+        return False
+
     def due(self, now: float) -> bool:
         """Whether a probe goes now. Ramp probes go back to back; a ramp starts, and a steady
         probe goes while a faster link would matter, only once the probes' bytes so far are within
         ``share`` of the rate or ``budget_bps`` (a ramp to 100 Mbit/s, ~1.5 MB, is ~1.2 s of a 10 %
-        share); whatever else holds, one goes every ``max_interval_s`` on an idle link."""
+        share); a recovery probe after a fall (see the module's docstring); whatever else holds,
+        one goes every ``max_interval_s`` on an idle link."""
+        fallen = self._fallen(now)  # (kept up to date every tick)
         if self._inflight:
             return False
         if self.ramping:
+            return True
+        if fallen and self.want_more and self._fell_at is not None and self.monitor.idle_s() >= self.idle_s \
+                and now - max(self._fell_at, self._last_probe) >= self.recovery_s * 2 ** self._recoveries:
+            self._recoveries += 1
+            self.recovery_probes += 1
             return True
         paid = self._repay(now) <= 0.0
         # a ramp is for a link too fast for a probe to time (the last one crossed in under probe_ms):
