@@ -4,7 +4,8 @@ exactly one result, in order, in one output format wherever it ran.
 
 The concerns live in their own modules: the link and its supervision (``link.py``), the hedged
 remote call (``remote.py``), the device and its queue (``device.py``), the choice
-(``controller.py``); this class runs one frame through them.
+(``controller.py``), how each cut is encoded (``encoding.py``); this class runs one frame
+through them.
 
 >>> async with EdgeAgent(Plan.load("plans/yolo-n"), cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
 ...     r = await agent.infer({"input": frame})
@@ -24,18 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CodecError, PlanError, RefusedError, SplitinferError
+from ..errors import PlanError, RefusedError, SplitinferError
 from ..postprocess import POSTPROCESSORS
 from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
-from ..splitter.wire_settings import DEFAULT_MIN_FIDELITY, below_floor, codec_settings, default_input_codec, \
-    input_codec_for, wire_ratios
+from ..splitter.wire_settings import DEFAULT_MIN_FIDELITY
 from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
-from ..codecs import Codec, Encoded, encode_tensor
+from ..codecs import Encoded
 from .breaker import CircuitBreaker
 from .controller import Controller, DeviceLoad
 from .device import Device
+from .encoding import CutEncoder
 from .link import CloudLink
 from .pipeline import pipeline
 from .remote import RACE_LOST, RemoteCall
@@ -67,31 +68,15 @@ class EdgeAgent:
                  downlink_mbps: float | None = None, warmup: bool = True, jpeg_quality: int | None = None,
                  fps: float | None = None, min_fidelity: float = DEFAULT_MIN_FIDELITY) -> None:
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
-        if jpeg_quality is not None and not 1 <= jpeg_quality <= 95:
-            raise SplitinferError(f"jpeg_quality must be 1-95, got {jpeg_quality}")
-        if jpeg_quality is not None and input_codec is None and default_input_codec(self.plan, "fp16") == "jpeg":
-            input_codec = "jpeg"  # a quality asked for is the all-cloud input's, not the ladder's pick
-        self.jpeg_quality = 90 if jpeg_quality is None else jpeg_quality
         if fps is not None and not (math.isfinite(fps) and fps > 0):
             raise SplitinferError(f"fps must be a positive number, got {fps}")
-        self._pixels = {t.name: t.pixels for t in self.plan.inputs if t.pixels is not None}
         if postprocess and postprocess not in POSTPROCESSORS:
             raise SplitinferError(f"postprocess must be one of {sorted(POSTPROCESSORS)}, got {postprocess!r}")
         self.cloud_url = cloud
-        if not 0.0 <= min_fidelity <= 1.0:
-            raise SplitinferError(f"min_fidelity must be in [0, 1], got {min_fidelity}")
-        if codec != "auto":
-            try:
-                Codec.parse(codec)
-            except (CodecError, ValueError) as exc:
-                raise SplitinferError(f"codec: {exc}") from None
-        self.codec = codec
-        self.input_codec = input_codec_for(self.plan, input_codec, "fp16" if codec == "auto" else codec)
-        # what each candidate's cut travels in: with "auto", its cheapest setting measured at split
-        # time that keeps min_fidelity (fewer bytes for the same cut are never slower)
-        self.settings = codec_settings(self.plan, codec, input_codec, self.jpeg_quality, min_fidelity)
-        low = set(below_floor(self.plan, min_fidelity))  # bottlenecks below the floor: only when pinned
-        self.usable = [i for i in range(len(self.plan.candidates)) if i not in low] if low else None
+        # what each candidate's cut travels in, and the candidates the fidelity floor admits
+        self.encoder = CutEncoder(self.plan, codec, input_codec, jpeg_quality, min_fidelity)
+        enc = self.encoder
+        self.settings, self.usable, self.input_codec = enc.settings, enc.usable, enc.input_codec
         self.pinned = self._resolve(candidate) if candidate else None
         self.max_inflight = max(1, max_inflight)
         self.postprocess = postprocess or ""
@@ -117,7 +102,7 @@ class EdgeAgent:
         self.local = [i for i, c in enumerate(self.plan.candidates) if c.local]
         # all-cloud candidates (the cut is model inputs): their wire size is measured on real frames
         # even while they are not used (sizes.py); a race of one measures it too
-        self.sizes = InputSizes(self.plan, self.controller, self._encode_for)
+        self.sizes = InputSizes(self.plan, self.controller, self.encoder.encode)
         self._input_only = self.sizes.input_only
         self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
         if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
@@ -125,8 +110,7 @@ class EdgeAgent:
         # bandwidth probes cost at most this share of what sending the frames to the cloud would:
         # they are how a better link is found while the frames stay on the device
         self.probe_budget = 0.1
-        # until a candidate's wire size is measured here: what the plan measured at split time
-        self._prior_ratio = wire_ratios(self.plan, codec, input_codec, self.jpeg_quality, min_fidelity)
+        self._prior_ratio = self.encoder.prior_ratio  # until a candidate's wire size is measured here
         self._frames = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -238,21 +222,11 @@ class EdgeAgent:
             self.controller.observe_edge(i, min(timed))
             if not cand.local:
                 for k, v in cand.cut_feed(zeros, out).items():
-                    self._encode_for(i, k, v)
+                    self.encoder.encode(i, k, v)
         for i in self.sizes.input_only:
             if self.pinned is None or self.pinned == i:
                 for k, v in zeros.items():
-                    self._encode_for(i, k, v)
-
-    def _encode_for(self, i: int, name: str, value: np.ndarray) -> Encoded:
-        """One tensor of candidate ``i``'s cut for the wire, in that candidate's setting; a model
-        input as JPEG goes back to its camera pixels first."""
-        codec, quality = self._setting(i)
-        return encode_tensor(value, codec, pixels=self._pixels.get(name), quality=quality,
-                             tables=self.plan.candidates[i].tables.get(name))
-
-    def _setting(self, i: int) -> tuple[str, int | None]:
-        return self.settings[i] or ("raw", None)  # a local candidate sends nothing (raw if ever asked)
+                    self.encoder.encode(i, k, v)
 
     async def _sample_sizes_later(self, inputs: Mapping[str, np.ndarray], r: FrameResult) -> None:
         preds = (r.conditions or {}).get("predicted_ms")
@@ -448,11 +422,11 @@ class EdgeAgent:
             return out
 
         if cloud_ok and self.remote is not None:  # a pinned candidate too: an open breaker means the cloud is not asked
-            codec = self._setting(i)[0]
+            codec = self.encoder.setting(i)[0]
             enc = encoded.get(i)
             if enc is None:  # (else encoded already, when its size was sampled)
                 t = time.perf_counter()
-                enc = {k: self._encode_for(i, k, v) for k, v in cut.items()}
+                enc = {k: self.encoder.encode(i, k, v) for k, v in cut.items()}
                 timings["encode_ms"] = (time.perf_counter() - t) * 1e3
                 self.controller.observe_encode(i, timings["encode_ms"])
             self.sizes.mark(i)

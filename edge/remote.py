@@ -9,8 +9,9 @@ frame, and the first result wins), or when it would finish sooner than the cloud
 must start to answer within the frame's deadline. A device busy with other frames thus does
 not take on a hedge it would finish later than the cloud; an idle one does not sit out a link's
 stall (a trace's 1-s outages: waiting until the reply was a device run late made those frames
-0.7-1.1 s, where the free hedge has them by ~0.45 s). An exploring frame (``race``) starts on the device at once, and a device that wins is not
-the cloud failing; the cloud's reply, whenever it comes, is measured as usual.
+0.7-1.1 s, where the free hedge has them by ~0.45 s). An exploring frame (``race``) starts on
+the device at once, and a device that wins is not the cloud failing; the cloud's reply,
+whenever it comes, is measured as usual.
 """
 
 from __future__ import annotations
