@@ -168,12 +168,14 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
                 if out is not None:
                     out.write(json.dumps(r.to_json()) + "\n")
             probe_bytes[0] = agent.probe_bytes
+            counts.update(agent.counts())
             settings.update({c.id: st[0] + (f" q{st[1]}" if st[1] is not None else "")
                              for c, st in zip(plan.candidates, agent.settings) if st is not None})
         return results
 
     settings: dict[str, str] = {}  # what each remote candidate's cut travelled in
     probe_bytes = [0]  # the bandwidth probes' bytes: uplink traffic beyond the frames'
+    counts: dict[str, int] = {}  # hedges, races, probes (see EdgeAgent.counts)
     cpu0 = _cpu_s()
     ready_cpu = [cpu0]  # when the segments were loaded and timed: the frames' CPU starts here
     try:
@@ -197,6 +199,7 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
         "fallbacks": sum(r.fallback for r in results), "out": args.out,
         "cpu_ms_per_frame": cpu_s * 1e3 / max(len(results), 1),
         "startup_cpu_s": ready_cpu[0] - cpu0,
+        "agent": counts,
     }
     if args.json:
         _emit_json(summary)

@@ -34,7 +34,7 @@ from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
 from ..codecs import Encoded
 from .breaker import CircuitBreaker
-from .controller import Controller, DeviceLoad
+from .controller import Choice, Controller, DeviceLoad
 from .device import Device
 from .encoding import CutEncoder
 from .link import CloudLink
@@ -107,8 +107,10 @@ class EdgeAgent:
         self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
         if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
             self.controller.cheap_explore = {self._whole, *self._input_only}
+            self.controller.raced_from = {self._whole: set(self._input_only)}
         # bandwidth probes cost at most this share of what sending the frames to the cloud would:
         # they are how a better link is found while the frames stay on the device
+        self.races = 0  # explorations raced between the cloud and the device
         self.probe_budget = 0.1
         self._prior_ratio = self.encoder.prior_ratio  # until a candidate's wire size is measured here
         self._frames = itertools.count()
@@ -186,6 +188,16 @@ class EdgeAgent:
     @property
     def reconnects(self) -> int:
         return self.link.reconnects if self.link is not None else 0
+
+    def counts(self) -> dict[str, int]:
+        """What the agent did beyond the frames' own work, for a run's summary: hedges started on
+        the device (and checks that declined one), races of the cloud and the device, probes (on the current connection)."""
+        prober = self.link.prober if self.link is not None else None
+        remote = self.remote
+        return {"hedges": remote.hedges if remote is not None else 0,
+                "hedges_declined": remote.hedges_declined if remote is not None else 0, "races": self.races,
+                "probes": prober.sent if prober is not None else 0,
+                "recovery_probes": prober.recovery_probes if prober is not None else 0}
 
     def _on_pong(self) -> None:
         if self.breaker.state(time.monotonic()) == "half-open":
@@ -345,6 +357,7 @@ class EdgeAgent:
         rtt = self.monitor.min_rtt_ms()  # base RTT (the 10 s minimum): queueing in a slow link is in the bandwidth
         if self.pinned is not None:
             i, explore, base = self.pinned, False, self.pinned
+            choice: Choice | None = None
             preds, model = self.controller.predict_parts(bw, rtt, **common)  # type: ignore[arg-type]
         else:
             choice = self.controller.choose(bw, rtt, now, allowed=self.usable if cloud_ok else self.local,
@@ -369,9 +382,12 @@ class EdgeAgent:
                 race = True
             elif i == whole and base in self._input_only:
                 i, race = base, True  # type: ignore[assignment]
+            self.races += race
         if explore and not race and i in self.controller.cheap_explore and base is not None and base != i \
-                and (cloud_ok or base in self.local):
-            i, explore = base, False  # explored by a race or not at all (the race was chosen for its low cost)
+                and (cloud_ok or base in self.local) and (choice is None or not self.controller.worth_running(choice)):
+            # explored by a race, or for real where it is as close as a costly candidate must be
+            # to be explored (the standing choice is a split cut: no race), or not at all
+            i, explore = base, False
         pred = preds[i]
         cand = self.plan.candidates[i]
         # what the choice was made from, for logs and dashboards
@@ -384,16 +400,18 @@ class EdgeAgent:
         eout: dict[str, np.ndarray] = {}
         edge_expect = self.controller.edge_ms()[i]
         started = time.perf_counter()
-        device_wait_ms = 0.0  # what this frame waited for the device (the load term's part, not the model's)
+        # only the device wait the load term predicted is left out of the residual: the way to the
+        # device's thread and back is the candidate's own cost (~20 ms a frame at 0.06 core)
+        queued_ms = 0.0
 
-        def own_ms() -> float:  # the frame's time so far, less its wait for the device (see observe_total)
-            return (time.perf_counter() - started) * 1e3 - device_wait_ms
+        def own_ms() -> float:  # the frame's time so far, less its predicted wait (see observe_total)
+            return (time.perf_counter() - started) * 1e3 - queued_ms
 
         if cand.edge is not None:
             eout, timings["edge_ms"] = await self.device.run(str(self.plan.file(cand.edge)),
                                                              {k: inputs[k] for k in cand.edge.inputs}, edge_expect,
                                                              priority=index)
-            device_wait_ms = max((time.perf_counter() - started) * 1e3 - timings["edge_ms"], 0.0)
+            queued_ms = min(max((time.perf_counter() - started) * 1e3 - timings["edge_ms"], 0.0), load.wait_ms)
             self.controller.observe_edge(i, timings["edge_ms"])
         if cand.local:
             outputs = self._finish(cand.finish({}, eout, self.plan.output_names))

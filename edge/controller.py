@@ -63,6 +63,7 @@ class Choice:
     explore: bool = False
     unexplored: int | None = None  # what the choice would have been without exploring
     base: tuple[float, ...] = ()  # the model's part of each prediction (see Controller.predict_parts)
+    faded: tuple[float, ...] = ()  # each prediction in the exploration's view (stale evidence faded)
 
 
 class Controller:
@@ -80,6 +81,9 @@ class Controller:
         self.explore_every_s, self.explore_margin = explore_every_s, explore_margin
         self.explore_margin_costly = 1.1
         self.cheap_explore: set[int] = set()  # candidates the caller explores without risking the frame
+        # a cheap candidate explored so only from these choices (the whole model is raced against an
+        # all-cloud candidate; from a split cut it would run for real, as a costly one)
+        self.raced_from: dict[int, set[int]] = {}
         self.behind_frames = 10  # the horizon over which a candidate that cannot keep the frame rate is charged
         n = len(cost_model.ids)
         # measured edge ms per candidate: the median of the last 3 (a time after a pause starts over)
@@ -107,8 +111,34 @@ class Controller:
         self._queue = TimedEwma(cloud_tau_s)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
-        self._edge_scale = Ewma(alpha)  # measured / profiled edge time, any candidate
+        # measured / profiled edge time over any candidate: the median of the last 3
+        self._edge_scale = RecentMedian(3)
         self._edge_scale_at = -math.inf
+        # the device's long-run scale (every sample since start-up but races', slowly averaged):
+        # what the exploration's view fades a stale scale to (see edge_ms)
+        self._edge_scale_long = Ewma(0.1)
+        # the device's slowness now against its usual: each segment's time over that segment's own
+        # long-run time (so segments the profile rates differently still agree), the median of the
+        # last 3 (as each candidate's own time is); and its value at each candidate's last time.
+        # Only a segment whose times hold steady says how slow the device is: its typical log
+        # deviation from its usual (own_spread) at most slowness_spread, after slowness_after
+        # samples. Under a CPU quota (a container's limit, the benchmark's cgroup) a segment shorter
+        # than the quota's period runs at full speed when the period has quota left and waits for
+        # the next one when not: the demo's 3 ms b1 front took 3-100 ms at 0.06 core, its
+        # "slowness" swung 30x between frames, and the whole model's time, scaled by it, was
+        # predicted at 43-96 ms against ~250 (the edge chosen, ~150 ms a frame lost).
+        self._own_long = [Ewma(0.1) for _ in range(n)]
+        self._own_spread = [Ewma(0.1) for _ in range(n)]
+        self._own_n = [0] * n
+        self.slowness_spread, self.slowness_after = 0.25, 3
+        # a segment timed this often fades, in the exploration's view, to its own usual time (its
+        # long-run ratio to the profile), not to the profile x the device's scale: the scale is
+        # every segment's, and a short one's times under a CPU quota swing 30x (see above); a few
+        # start-up runs in a bad moment are not enough to stand as a segment's usual
+        self.own_usual_after = 10
+        self._slowness = RecentMedian(3)
+        self._slowness_at = -math.inf
+        self._slowness_then = [math.nan] * n
         self._cloud_scale = TimedEwma(cloud_tau_s)
         self.current: int | None = None
         self._since = -math.inf
@@ -133,11 +163,24 @@ class Controller:
         frame's JPEG, the reply) costs the segment ~1/quota ms, so a raced run is an upper bound
         (measured: 700-930 ms against ~390 alone at 0.17 core): taken only where it says less
         than the evidence, and never for the device's scale."""
-        if not self._edge[i].add(ms, now, upper_bound=raced) or raced:
+        if not self._edge[i].add(ms, now, upper_bound=raced):
             return
-        if self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
-            self._edge_scale.add(ms / self.cm.edge_ms[i])
-            self._edge_scale_at = self._edge[i].at
+        if not raced and self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
+            at, r = self._edge[i].at, ms / self.cm.edge_ms[i]
+            self._edge_scale.add(r, at)
+            self._edge_scale_long.add(r)
+            usual = self._own_long[i].value
+            if not math.isnan(usual) and r > 0 and usual > 0:
+                x = r / usual
+                steady = self._own_n[i] >= self.slowness_after and self._own_spread[i].value <= self.slowness_spread
+                self._own_spread[i].add(abs(math.log(x)))
+                if steady:
+                    self._slowness.add(x, at)
+                    self._slowness_at = at
+            self._own_long[i].add(r)
+            self._own_n[i] += 1
+            self._edge_scale_at = at
+        self._slowness_then[i] = self._slowness.value
 
     def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1,
                       now: float | None = None) -> None:
@@ -203,20 +246,42 @@ class Controller:
     # ------------------------------------------------------------------ estimates
     def edge_ms(self, now: float | None = None, fade: bool = False) -> list[float]:
         """Device time per candidate: its edge segment, plus encoding its cut (once measured).
+        A segment's own measurement follows the device's speed as other segments measured it
+        since: it is scaled by the device's slowness now over its slowness when the segment was
+        last timed (slowness: a segment's time against that segment's usual time, from segments
+        whose times hold steady: see ``slowness_spread``). The
+        device's slowness (a stall, throttling, other work) is shared by everything it runs: two
+        slow runs of the whole model (140 ms against ~90 at 8 fps) otherwise stood as that
+        candidate's time while the frames went to a split cut, whose segment showed the device
+        fast again within a frame, for ~10 s (until an exploration: ~20 ms a frame lost).
         ``fade``: a segment's measurement not refreshed for a while fades towards the profile x the
         device's measured scale (the exploration's view: a run timed while the device was stalled,
-        at start-up, must not keep that candidate from ever being timed again)."""
+        at start-up, must not keep that candidate from ever being timed again), or, for a segment
+        timed ``own_usual_after`` times, towards its own usual time; and the scale,
+        when no segment has run for a while, to the device's long-run scale. (It faded to the
+        profile's, the machine the plan was made on: a 0.1-core device then looked ten times as
+        fast as it is whenever its frames went to the cloud for a few seconds, and it raced the
+        whole model against the cloud every 5-20 s at 4x the cloud's time: ~25 % more CPU a frame,
+        which the next frames' encoding waited for.)"""
         now = time.monotonic() if now is None else now
-        g = 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
-        if fade:  # the scale itself fades to the profile's when no segment has run for a while
-            g = 1.0 + (g - 1.0) * self._faded(self._edge_scale_at, now)
+        g_now = self._edge_scale.value
+        g = 1.0 if math.isnan(g_now) else g_now
+        if fade:
+            g_long = 1.0 if math.isnan(self._edge_scale_long.value) else self._edge_scale_long.value
+            g = g_long + (g - g_long) * self._faded(self._edge_scale_at, now)
         out = []
-        for e, p in zip(self._edge, self.cm.edge_ms):
+        s_now = self._slowness.value
+        for k, (e, p, then) in enumerate(zip(self._edge, self.cm.edge_ms, self._slowness_then)):
             prior, v = p * g, e.value
             if math.isnan(v):
                 v = prior
-            elif fade:
-                v = prior + (v - prior) * self._faded(e.at, now)
+            else:
+                if self._slowness_at > e.at and then > 0:  # the device was timed since (by another steady segment)
+                    v *= s_now / then
+                if fade:
+                    if self._own_n[k] >= self.own_usual_after:  # timed often: its own usual, not the device's
+                        prior = p * self._own_long[k].value
+                    v = prior + (v - prior) * self._faded(e.at, now)
             out.append(v)
         return [t + (0.0 if math.isnan(enc.value) else enc.value) for t, enc in zip(out, self._encode)]
 
@@ -334,7 +399,27 @@ class Controller:
             if fpred[best] < fpred[choice.index] * (1 - self.hysteresis):  # this frame goes round it
                 self._last_used[best] = now
                 return Choice(best, self.cm.ids[best], fpred[best], tuple(fpred), False, best, tuple(fbase))
-        return replace(choice, base=tuple(base))
+        return replace(choice, base=tuple(base), faded=tuple(faded))
+
+    def _cheap(self, i: int, choice: int) -> bool:
+        """Whether exploring ``i`` from the standing ``choice`` risks no frame (a race). (The
+        whole model, seen as cheap from a split cut, took the exploration's turn there and was
+        then not explored: the all-cloud candidate's turn came 5 s later, and a cold start's
+        two slow cloud frames held the frames on the slower split cut for ~11 s.)"""
+        return i in self.cheap_explore and (i not in self.raced_from or choice in self.raced_from[i])
+
+    def worth_running(self, choice: Choice) -> bool:
+        """Whether an exploration of a ``cheap_explore`` candidate that the caller cannot race
+        (the standing choice is a split cut, not the all-cloud candidate) is worth running for
+        real: its prediction in the exploration's view within ``explore_margin_costly`` of the
+        standing choice's, the margin any candidate whose exploration risks the frame is explored
+        at. Otherwise it is not explored at all. (It never was: while frames went to a split cut,
+        the whole model's time, measured in two slow runs, stood for ~10 s of frames at 8 fps.)"""
+        if not choice.explore or choice.unexplored is None or not choice.faded:
+            return False
+        i = choice.index
+        return min(choice.predictions[i], choice.faded[i]) <= choice.predictions[choice.unexplored] \
+            * self.explore_margin_costly
 
     def _standing(self, pred: list[float], now: float, idx: list[int], default_ratio: float | Sequence[float],
                   faded: Sequence[float] | None = None) -> Choice:
@@ -360,12 +445,15 @@ class Controller:
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
         if now - self._last_explore >= self.explore_every_s:
-            rel = [min(pred[i], faded[i]) / max(pred[choice], 1e-9) for i in range(len(pred))]
+            # closer by the standing view: the exploration's view comes closer by itself as evidence
+            # fades, and reset the back-off at every look (a 0.1-core device raced the whole model
+            # every 5-10 s at 4x the cloud's time, each race ~270 ms of its CPU)
+            rel = [pred[i] / max(pred[choice], 1e-9) for i in range(len(pred))]
             for i in idx:  # come closer to the choice since it was explored: worth a look again soon
                 if rel[i] < self.explore_closer * self._explored_rel[i]:
                     self._backoff[i] = 1.0
             stale = [i for i in idx if i != choice
-                     and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if i in self.cheap_explore
+                     and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if self._cheap(i, choice)
                                                                    else self.explore_margin_costly)
                      and now - self._last_used[i] >= self.explore_every_s * self._backoff[i]]
             if stale:
