@@ -74,7 +74,6 @@ def _jpeg_at(points: list[dict], m: float) -> float:
 
 
 def main() -> int:
-    import onnx
     import onnxruntime as ort
     from onnx.utils import Extractor
 

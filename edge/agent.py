@@ -20,7 +20,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,8 +106,9 @@ class EdgeAgent:
         self._input_only = self.sizes.input_only
         self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
         if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
-            self.controller.cheap_explore = {self._whole, *self._input_only}
-            self.controller.raced_from = {self._whole: set(self._input_only)}
+            # (the whole model from an all-cloud choice; an all-cloud candidate from any)
+            self.controller.cheap_explore = {self._whole: frozenset(self._input_only),
+                                             **dict.fromkeys(self._input_only)}
         # bandwidth probes cost at most this share of what sending the frames to the cloud would:
         # they are how a better link is found while the frames stay on the device
         self.races = 0  # explorations raced between the cloud and the device
@@ -269,18 +270,19 @@ class EdgeAgent:
         return outputs
 
     # ------------------------------------------------------------------ the device's load
-    def _local_finish_ms(self, i: int) -> float:
-        """What finishing candidate ``i``'s frame on the device would take: the whole model for an
-        all-cloud frame, the rest of it (whole minus the edge part) for a split one."""
-        edge = self.controller.edge_ms()
+    def _local_finish_ms(self, i: int, edge: Sequence[float] | None = None) -> float:
+        """What finishing candidate ``i``'s frame on the device would take (``edge``: each
+        candidate's device time now, when the frame has it): the whole model for an all-cloud
+        frame, the rest of it (whole minus the edge part) for a split one."""
+        edge = self.controller.edge_ms() if edge is None else edge
         if self._whole is None:
             return self.controller.cloud_ms()[i] * self.controller.device_scale()
         return edge[self._whole] if self.plan.candidates[i].edge is None else max(edge[self._whole] - edge[i], 0.0)
 
-    def _load(self) -> DeviceLoad:
-        """The device's queue now, each candidate's work on it (an all-cloud frame's JPEG is made
-        on the loop, not in the device's queue), the camera's frame interval, the pipeline depth."""
-        edge = self.controller.edge_ms()
+    def _load(self, edge: Sequence[float]) -> DeviceLoad:
+        """The device's queue now, each candidate's work on it (``edge``: its device time now; an
+        all-cloud frame's JPEG is made on the loop, not in the device's queue), the camera's frame
+        interval, the pipeline depth."""
         device = [0.0 if (i in self._input_only or ms <= 0.5) else ms for i, ms in enumerate(edge)]
         return DeviceLoad(self.device.wait_ms(), device, self.frame_interval_ms, self.max_inflight)
 
@@ -299,12 +301,13 @@ class EdgeAgent:
         wire = [cm.up_bytes[i] * ratios[i] for i, c in enumerate(self.plan.candidates) if not c.local]
         return self.probe_budget * min(wire) * 1e3 / self.frame_interval_ms if wire else None
 
-    def _faster_would_matter(self, bw: float, rtt: float, preds: list[float], common: dict[str, Any],
+    def _faster_would_matter(self, bw: float, rtt: float, preds: Sequence[float], common: dict[str, Any],
                              factor: float = 4.0) -> bool:
         """Whether a link ``factor`` times faster than the estimate would pick another candidate:
-        then finding the link's real rate is worth probing for."""
+        then finding the link's real rate is worth probing for. (``common`` holds the frame's
+        evidence: no state is gathered again.)"""
         faster = self.controller.predict(bw * factor, rtt, **common)
-        return int(np.argmin(faster)) != int(np.argmin(preds))
+        return _argmin(faster) != _argmin(preds)
 
     # ------------------------------------------------------------------ frames
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> FrameResult:
@@ -351,9 +354,10 @@ class EdgeAgent:
             encoded = self.sizes.encode(self.sizes.due(only_unmeasured=True), inputs)
             self.sizes.observe(encoded)
         cloud_ok, bw, backlog_ms, probe_ms = self._conditions()
-        load = self._load()
-        common = dict(backlog_ms=backlog_ms, default_ratio=self._prior_ratio, downlink_mbps=self._downlink(bw),
-                      load=load)
+        # what every prediction for this frame is made from, taken once (see controller.Evidence)
+        ev = self.controller.evidence(now, default_ratio=self._prior_ratio)
+        load = self._load(ev.edge)
+        common = dict(backlog_ms=backlog_ms, downlink_mbps=self._downlink(bw), load=load, evidence=ev)
         rtt = self.monitor.min_rtt_ms()  # base RTT (the 10 s minimum): queueing in a slow link is in the bandwidth
         if self.pinned is not None:
             i, explore, base = self.pinned, False, self.pinned
@@ -361,7 +365,8 @@ class EdgeAgent:
             preds, model = self.controller.predict_parts(bw, rtt, **common)  # type: ignore[arg-type]
         else:
             choice = self.controller.choose(bw, rtt, now, allowed=self.usable if cloud_ok else self.local,
-                                            transient_ms=probe_ms, **common)  # type: ignore[arg-type]
+                                            transient_ms=probe_ms, default_ratio=self._prior_ratio,
+                                            **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
             base, model = choice.unexplored, list(choice.base)
         prober = self.link.prober if self.link is not None else None
@@ -398,7 +403,7 @@ class EdgeAgent:
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
                    "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
         eout: dict[str, np.ndarray] = {}
-        edge_expect = self.controller.edge_ms()[i]
+        edge_expect = ev.edge[i]
         started = time.perf_counter()
         # only the device wait the load term predicted is left out of the residual: the way to the
         # device's thread and back is the candidate's own cost (~20 ms a frame at 0.06 core)
@@ -423,7 +428,7 @@ class EdgeAgent:
                                conditions=conditions)
         cut = cand.cut_feed(inputs, eout)
         closed = False
-        local_expect = self._local_finish_ms(i)
+        local_expect = self._local_finish_ms(i, ev.edge)
 
         async def local() -> dict[str, np.ndarray]:
             # finish on the device: the cloud segment on the cut we have, or the whole model
@@ -451,7 +456,7 @@ class EdgeAgent:
             # paced, the device is not needed by another frame before the next one is due
             due = t0 + self.frame_interval_ms / 1e3 if math.isfinite(self.frame_interval_ms) else -math.inf
             outcome = await self.remote.call(i, cand, cut, enc, codec, pred, timings, local, local_expect, race=race,
-                                             priority=index, free_until=due)
+                                             priority=index, free_until=due, device_ms=edge_expect)
             result, sent, reason = outcome.outputs, outcome.sent, outcome.reason
             network_ms = outcome.network_ms
         else:
@@ -498,3 +503,8 @@ class EdgeAgent:
                 yield r
         finally:
             self.frame_interval_ms = before
+
+
+def _argmin(xs: Sequence[float]) -> int:
+    """The first index of the smallest (numpy's argmin costs more than the choice on a few candidates)."""
+    return min(range(len(xs)), key=xs.__getitem__)

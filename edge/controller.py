@@ -32,12 +32,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..splitter.cost_model import CostModel
-from .evidence import Ewma, RecentMedian, Runs, TimedEwma, lower_quartile, median
+from .device_speed import DeviceSpeed
+from .evidence import Ewma, Runs, TimedEwma, lower_quartile, median
 
-__all__ = ["Controller", "Choice", "DeviceLoad", "POLICIES"]
+__all__ = ["Controller", "Choice", "DeviceLoad", "Evidence", "POLICIES"]
 
 POLICIES = ("latency", "bytes")
 
@@ -64,6 +65,27 @@ class Choice:
     unexplored: int | None = None  # what the choice would have been without exploring
     base: tuple[float, ...] = ()  # the model's part of each prediction (see Controller.predict_parts)
     faded: tuple[float, ...] = ()  # each prediction in the exploration's view (stale evidence faded)
+    evidence: Evidence | None = None  # what the (standing) predictions were made from
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the controller knows at ``now``, per candidate, for its predictions: device time
+    (segment and encoding), cloud compute, wire/raw byte ratio, result bytes, the measured
+    overhead and residual (None: not enough samples), and the cloud's queue. Taken once per
+    frame (:meth:`Controller.evidence`) and shared by every prediction made for it, at any
+    bandwidth: on a 0.05-core device each ms of the choice's own CPU is ~20 ms of a frame's
+    latency. ``fade``: the exploration's view (stale evidence faded)."""
+
+    now: float
+    fade: bool
+    edge: list[float]
+    cloud: list[float]
+    ratios: list[float]
+    results: list[float]
+    overhead: list[float | None]
+    residual: list[float | None]
+    queue_ms: float
 
 
 class Controller:
@@ -80,16 +102,17 @@ class Controller:
         self.hysteresis, self.min_dwell_s, self.emergency = hysteresis, min_dwell_s, emergency
         self.explore_every_s, self.explore_margin = explore_every_s, explore_margin
         self.explore_margin_costly = 1.1
-        self.cheap_explore: set[int] = set()  # candidates the caller explores without risking the frame
-        # a cheap candidate explored so only from these choices (the whole model is raced against an
-        # all-cloud candidate; from a split cut it would run for real, as a costly one)
-        self.raced_from: dict[int, set[int]] = {}
+        # candidates the caller explores without risking the frame (a race), each with the standing
+        # choices it is raced from (None: any); from another choice it is a costly one (the whole
+        # model is raced against an all-cloud candidate; from a split cut it would run for real)
+        self.cheap_explore: dict[int, Collection[int] | None] = {}
         self.behind_frames = 10  # the horizon over which a candidate that cannot keep the frame rate is charged
         n = len(cost_model.ids)
-        # measured edge ms per candidate: the median of the last 3 (a time after a pause starts over)
-        self._edge = [RecentMedian(3, gap_s=explore_every_s / 2) for _ in range(n)]
         # evidence not refreshed for stale_hold_s fades (time constant stale_fade_s) in exploration's view
         self.stale_hold_s, self.stale_fade_s = 1.0, 3.0
+        # each segment's time on the device now, and the device's speed (see DeviceSpeed)
+        self.device = DeviceSpeed(cost_model.edge_ms, gap_s=explore_every_s / 2, hold_s=self.stale_hold_s,
+                                  fade_s=self.stale_fade_s)
         # the cloud's state changes with its other clients: what it reports is averaged over time
         self._cloud = [TimedEwma(cloud_tau_s) for _ in range(n)]  # reported cloud compute ms
         self._ratio = [Ewma(alpha) for _ in range(n)]  # wire bytes / raw cut bytes
@@ -111,46 +134,15 @@ class Controller:
         self._queue = TimedEwma(cloud_tau_s)
         # result size until measured: the raw outputs, unless the cloud says it post-processes
         self.result_prior = [float(b) for b in cost_model.result_bytes]
-        # measured / profiled edge time over any candidate: the median of the last 3
-        self._edge_scale = RecentMedian(3)
-        self._edge_scale_at = -math.inf
-        # the device's long-run scale (every sample since start-up but races', slowly averaged):
-        # what the exploration's view fades a stale scale to (see edge_ms)
-        self._edge_scale_long = Ewma(0.1)
-        # the device's slowness now against its usual: each segment's time over that segment's own
-        # long-run time (so segments the profile rates differently still agree), the median of the
-        # last 3 (as each candidate's own time is); and its value at each candidate's last time.
-        # Only a segment whose times hold steady says how slow the device is: its typical log
-        # deviation from its usual (own_spread) at most slowness_spread, after slowness_after
-        # samples. Under a CPU quota (a container's limit, the benchmark's cgroup) a segment shorter
-        # than the quota's period runs at full speed when the period has quota left and waits for
-        # the next one when not: the demo's 3 ms b1 front took 3-100 ms at 0.06 core, its
-        # "slowness" swung 30x between frames, and the whole model's time, scaled by it, was
-        # predicted at 43-96 ms against ~250 (the edge chosen, ~150 ms a frame lost).
-        self._own_long = [Ewma(0.1) for _ in range(n)]
-        self._own_spread = [Ewma(0.1) for _ in range(n)]
-        self._own_n = [0] * n
-        self.slowness_spread, self.slowness_after = 0.25, 3
-        # a segment timed this often fades, in the exploration's view, to its own usual time (its
-        # long-run ratio to the profile), not to the profile x the device's scale: the scale is
-        # every segment's, and a short one's times under a CPU quota swing 30x (see above); a few
-        # start-up runs in a bad moment are not enough to stand as a segment's usual
-        self.own_usual_after = 10
-        self._slowness = RecentMedian(3)
-        self._slowness_at = -math.inf
-        self._slowness_then = [math.nan] * n
         self._cloud_scale = TimedEwma(cloud_tau_s)
         self.current: int | None = None
         self._since = -math.inf
         self._last_used = [-math.inf] * n
         self._last_explore: float | None = None
-        # a candidate explored again and again while it comes no closer is explored less often:
-        # its interval doubles with each exploration, up to explore_backoff_max x explore_every_s,
-        # and is back to explore_every_s once it is chosen or has come closer to the choice: its
-        # prediction over the choice's is below explore_closer x what it was when last explored (a
-        # rate that rises brings the cloud closer; one that falls only takes it further away, and
-        # on a trace that swings between 0.5 and 1 Mbit/s resetting on every halving raced the
-        # cloud every ~10 s, each race ~60 ms of a 0.17-core device's time)
+        # a candidate explored again and again while it comes no closer is explored less often: its
+        # interval doubles with each exploration, up to explore_backoff_max x, back to 1x once it is
+        # chosen or its prediction over the choice's is below explore_closer x what it was when last
+        # explored (docs/architecture.md, controller.py)
         self.explore_backoff_max = 4.0
         self.explore_closer = 0.75
         self._backoff = [1.0] * n
@@ -163,24 +155,7 @@ class Controller:
         frame's JPEG, the reply) costs the segment ~1/quota ms, so a raced run is an upper bound
         (measured: 700-930 ms against ~390 alone at 0.17 core): taken only where it says less
         than the evidence, and never for the device's scale."""
-        if not self._edge[i].add(ms, now, upper_bound=raced):
-            return
-        if not raced and self.cm.edge_ms[i] > 0.5:  # tiny segments say little about the device's speed
-            at, r = self._edge[i].at, ms / self.cm.edge_ms[i]
-            self._edge_scale.add(r, at)
-            self._edge_scale_long.add(r)
-            usual = self._own_long[i].value
-            if not math.isnan(usual) and r > 0 and usual > 0:
-                x = r / usual
-                steady = self._own_n[i] >= self.slowness_after and self._own_spread[i].value <= self.slowness_spread
-                self._own_spread[i].add(abs(math.log(x)))
-                if steady:
-                    self._slowness.add(x, at)
-                    self._slowness_at = at
-            self._own_long[i].add(r)
-            self._own_n[i] += 1
-            self._edge_scale_at = at
-        self._slowness_then[i] = self._slowness.value
+        self.device.observe(i, ms, now, raced)
 
     def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1,
                       now: float | None = None) -> None:
@@ -245,54 +220,14 @@ class Controller:
 
     # ------------------------------------------------------------------ estimates
     def edge_ms(self, now: float | None = None, fade: bool = False) -> list[float]:
-        """Device time per candidate: its edge segment, plus encoding its cut (once measured).
-        A segment's own measurement follows the device's speed as other segments measured it
-        since: it is scaled by the device's slowness now over its slowness when the segment was
-        last timed (slowness: a segment's time against that segment's usual time, from segments
-        whose times hold steady: see ``slowness_spread``). The
-        device's slowness (a stall, throttling, other work) is shared by everything it runs: two
-        slow runs of the whole model (140 ms against ~90 at 8 fps) otherwise stood as that
-        candidate's time while the frames went to a split cut, whose segment showed the device
-        fast again within a frame, for ~10 s (until an exploration: ~20 ms a frame lost).
-        ``fade``: a segment's measurement not refreshed for a while fades towards the profile x the
-        device's measured scale (the exploration's view: a run timed while the device was stalled,
-        at start-up, must not keep that candidate from ever being timed again), or, for a segment
-        timed ``own_usual_after`` times, towards its own usual time; and the scale,
-        when no segment has run for a while, to the device's long-run scale. (It faded to the
-        profile's, the machine the plan was made on: a 0.1-core device then looked ten times as
-        fast as it is whenever its frames went to the cloud for a few seconds, and it raced the
-        whole model against the cloud every 5-20 s at 4x the cloud's time: ~25 % more CPU a frame,
-        which the next frames' encoding waited for.)"""
-        now = time.monotonic() if now is None else now
-        g_now = self._edge_scale.value
-        g = 1.0 if math.isnan(g_now) else g_now
-        if fade:
-            g_long = 1.0 if math.isnan(self._edge_scale_long.value) else self._edge_scale_long.value
-            g = g_long + (g - g_long) * self._faded(self._edge_scale_at, now)
-        out = []
-        s_now = self._slowness.value
-        for k, (e, p, then) in enumerate(zip(self._edge, self.cm.edge_ms, self._slowness_then)):
-            prior, v = p * g, e.value
-            if math.isnan(v):
-                v = prior
-            else:
-                if self._slowness_at > e.at and then > 0:  # the device was timed since (by another steady segment)
-                    v *= s_now / then
-                if fade:
-                    if self._own_n[k] >= self.own_usual_after:  # timed often: its own usual, not the device's
-                        prior = p * self._own_long[k].value
-                    v = prior + (v - prior) * self._faded(e.at, now)
-            out.append(v)
-        return [t + (0.0 if math.isnan(enc.value) else enc.value) for t, enc in zip(out, self._encode)]
-
-    def _faded(self, at: float, now: float) -> float:
-        """The weight left to evidence from ``at``: 1 for ``stale_hold_s``, then decaying."""
-        idle = now - at - self.stale_hold_s
-        return 1.0 if idle <= 0 else math.exp(-idle / self.stale_fade_s)
+        """Device time per candidate: its edge segment now (:meth:`DeviceSpeed.times`; ``fade``: the
+        exploration's view, stale times faded), plus encoding its cut (once measured)."""
+        return [t + (0.0 if math.isnan(enc.value) else enc.value)
+                for t, enc in zip(self.device.times(now, fade), self._encode)]
 
     def device_scale(self) -> float:
         """This device's measured time / the profile's, over any candidate (1 until measured)."""
-        return 1.0 if math.isnan(self._edge_scale.value) else self._edge_scale.value
+        return self.device.scale()
 
     def cloud_ms(self, now: float | None = None) -> list[float]:
         """Reported cloud compute per candidate, a report fading back to the profile as it ages;
@@ -310,45 +245,53 @@ class Controller:
         """The cloud's reported queue time; it fades to none as the report ages."""
         return self._queue.at(time.monotonic() if now is None else now, 0.0)
 
+    def evidence(self, now: float | None = None, fade: bool = False,
+                 default_ratio: float | Sequence[float] = 1.0) -> Evidence:
+        """What every prediction at ``now`` is made from (see :class:`Evidence`); ``default_ratio``:
+        the byte ratio of a candidate whose wire size is not measured yet."""
+        now = time.monotonic() if now is None else now
+        return Evidence(now, fade, self.edge_ms(now, fade), self.cloud_ms(now), self.byte_ratios(default_ratio),
+                        self.result_bytes(), [o.value(now, fade) for o in self._overhead],
+                        [r.value(now, fade) for r in self._residual], self.queue_ms(now))
+
     def predict(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                 backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
-                load: DeviceLoad | None = None, fade: bool = False) -> list[float]:
+                load: DeviceLoad | None = None, fade: bool = False, evidence: Evidence | None = None) -> list[float]:
         """``backlog_ms``: time the uplink needs for what is already in flight (delays any send);
         ``downlink_mbps``: charge the results coming back at this rate (None: results are free);
-        ``load``: the device's queue and the frame rate (see :meth:`load_ms`)."""
+        ``load``: the device's queue and the frame rate (see :meth:`load_ms`); ``evidence``: made
+        from this (its ``now``, ``fade`` and byte ratios) instead of the controller's state now."""
         return self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                                  downlink_mbps=downlink_mbps, now=now, load=load, fade=fade)[0]
+                                  downlink_mbps=downlink_mbps, now=now, load=load, fade=fade, evidence=evidence)[0]
 
     def predict_parts(self, bandwidth_mbps: float, rtt_ms: float, *, default_ratio: float | Sequence[float] = 1.0,
                       backlog_ms: float = 0.0, downlink_mbps: float | None = None, now: float | None = None,
-                      load: DeviceLoad | None = None, fade: bool = False) -> tuple[list[float], list[float]]:
+                      load: DeviceLoad | None = None, fade: bool = False,
+                      evidence: Evidence | None = None) -> tuple[list[float], list[float]]:
         """The predictions, and the model's part of them (before a candidate's measured residual
         and the device's load), which :meth:`observe_total` compares a frame's real time with
         where the link's time was not a bandwidth sample. ``fade``: evidence not refreshed lately
         (device times, overheads, residuals) weighs less and less — the view exploration takes
         (:meth:`choose`); the standing choice trusts it until the candidate is measured again."""
-        results = self.result_bytes()
-        now = time.monotonic() if now is None else now
-        edge = self.edge_ms(now, fade)
-        pred = self.cm.predict(bandwidth_mbps, rtt_ms, self.queue_ms(now) + backlog_ms,
-                               edge_ms=edge, cloud_ms=self.cloud_ms(now),
-                               byte_ratio=self.byte_ratios(default_ratio), downlink_mbps=downlink_mbps,
-                               result_bytes=results)
+        ev = self.evidence(now, fade, default_ratio) if evidence is None else evidence
+        results = ev.results
+        pred = self.cm.predict(bandwidth_mbps, rtt_ms, ev.queue_ms + backlog_ms, edge_ms=ev.edge, cloud_ms=ev.cloud,
+                               byte_ratio=ev.ratios, downlink_mbps=downlink_mbps, result_bytes=results)
         down = 0.0 if downlink_mbps is None else 8.0 / (max(downlink_mbps, 1e-9) * 1e3)
-        for i, over in enumerate(self._overhead):
+        local = self.cm.local
+        for i, typical in enumerate(ev.overhead):
             # the first frames of a connection can be slow (cold): the lower quartile of a run's
             # frames, so they do not hold a good candidate back
-            typical = over.value(now, fade)
-            if typical is not None and not self.cm.local[i]:
+            if typical is not None and not local[i]:
                 pred[i] += max(typical - rtt_ms - results[i] * down, 0.0)
         base = list(pred)
-        for i, res in enumerate(self._residual):
-            r = res.value(now, fade)
+        for i, r in enumerate(ev.residual):
             if r is not None:
                 pred[i] = max(pred[i] + r, 0.5 * pred[i])
         if load is not None:
-            if fade:  # the device's work by the same faded times
-                load = replace(load, device_ms=[edge[i] if d > 0 else 0.0 for i, d in enumerate(load.device_ms)])
+            if ev.fade:  # the device's work by the same faded times
+                load = DeviceLoad(load.wait_ms, [ev.edge[i] if d > 0 else 0.0 for i, d in enumerate(load.device_ms)],
+                                  load.interval_ms, load.max_inflight)
             pred = [p + w for p, w in zip(pred, self.load_ms(pred, load))]
         return pred, base
 
@@ -375,38 +318,45 @@ class Controller:
     # ------------------------------------------------------------------ the choice
     def choose(self, bandwidth_mbps: float, rtt_ms: float, now: float, *, allowed: Collection[int] | None = None,
                default_ratio: float | Sequence[float] = 1.0, backlog_ms: float = 0.0, transient_ms: float = 0.0,
-               downlink_mbps: float | None = None, load: DeviceLoad | None = None) -> Choice:
+               downlink_mbps: float | None = None, load: DeviceLoad | None = None,
+               evidence: Evidence | None = None) -> Choice:
         """The candidate for the next frame. ``allowed`` restricts it (e.g. only local ones while
         the cloud is unreachable). ``transient_ms``: uplink time of one-off traffic ahead of this
         frame (a probe): it weighs on this frame's choice only; the standing choice, which
-        hysteresis keeps, is made without it, so one probe does not move every frame after it."""
-        pred, base = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                                        downlink_mbps=downlink_mbps, now=now, load=load)
+        hysteresis keeps, is made without it, so one probe does not move every frame after it.
+        ``evidence``: the standing view at ``now`` when the caller has taken it already; the
+        choice carries it (:attr:`Choice.evidence`) for the caller's own predictions."""
+        ev = self.evidence(now, False, default_ratio) if evidence is None else evidence
+        common = dict(backlog_ms=backlog_ms, downlink_mbps=downlink_mbps, load=load)
+        pred, base = self.predict_parts(bandwidth_mbps, rtt_ms, evidence=ev, **common)  # type: ignore[arg-type]
         idx = list(allowed) if allowed is not None else list(range(len(pred)))
         if not idx:
             raise ValueError("no candidate is allowed")
         # what exploration goes by: stale evidence fades, so a candidate judged in a bad moment (a
         # cold start, a stalled device) is measured again instead of being ruled out until it expires
-        faded = self.predict(bandwidth_mbps, rtt_ms, default_ratio=default_ratio, backlog_ms=backlog_ms,
-                             downlink_mbps=downlink_mbps, now=now, load=load, fade=True)
-        choice = self._standing(pred, now, idx, default_ratio, faded)
-        detour = self.policy == "latency" and transient_ms > 0 and choice.index == self.current
-        if detour and not self.cm.local[choice.index]:
-            fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, default_ratio=default_ratio,
-                                              backlog_ms=backlog_ms + transient_ms, downlink_mbps=downlink_mbps,
-                                              now=now, load=load)
+        faded = self.predict(bandwidth_mbps, rtt_ms, evidence=self.evidence(now, True, default_ratio),
+                             **common)  # type: ignore[arg-type]
+        i, explore, unexplored = self._standing(pred, now, idx, ev.ratios, faded)
+        detour = self.policy == "latency" and transient_ms > 0 and i == self.current
+        if detour and not self.cm.local[i]:
+            fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, backlog_ms=backlog_ms + transient_ms,
+                                              downlink_mbps=downlink_mbps, load=load, evidence=ev)
             best = min(idx, key=fpred.__getitem__)
-            if fpred[best] < fpred[choice.index] * (1 - self.hysteresis):  # this frame goes round it
+            if fpred[best] < fpred[i] * (1 - self.hysteresis):  # this frame goes round it
                 self._last_used[best] = now
-                return Choice(best, self.cm.ids[best], fpred[best], tuple(fpred), False, best, tuple(fbase))
-        return replace(choice, base=tuple(base), faded=tuple(faded))
+                return Choice(best, self.cm.ids[best], fpred[best], tuple(fpred), False, best, tuple(fbase),
+                              evidence=ev)
+        return Choice(i, self.cm.ids[i], pred[i], tuple(pred), explore, unexplored, tuple(base), tuple(faded), ev)
 
     def _cheap(self, i: int, choice: int) -> bool:
         """Whether exploring ``i`` from the standing ``choice`` risks no frame (a race). (The
         whole model, seen as cheap from a split cut, took the exploration's turn there and was
         then not explored: the all-cloud candidate's turn came 5 s later, and a cold start's
         two slow cloud frames held the frames on the slower split cut for ~11 s.)"""
-        return i in self.cheap_explore and (i not in self.raced_from or choice in self.raced_from[i])
+        if i not in self.cheap_explore:
+            return False
+        raced_from = self.cheap_explore[i]
+        return raced_from is None or choice in raced_from
 
     def worth_running(self, choice: Choice) -> bool:
         """Whether an exploration of a ``cheap_explore`` candidate that the caller cannot race
@@ -421,14 +371,16 @@ class Controller:
         return min(choice.predictions[i], choice.faded[i]) <= choice.predictions[choice.unexplored] \
             * self.explore_margin_costly
 
-    def _standing(self, pred: list[float], now: float, idx: list[int], default_ratio: float | Sequence[float],
-                  faded: Sequence[float] | None = None) -> Choice:
+    def _standing(self, pred: list[float], now: float, idx: list[int], ratios: Sequence[float],
+                  faded: Sequence[float] | None = None) -> tuple[int, bool, int]:
         """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration
-        (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded)."""
+        (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded):
+        the candidate, whether it is explored, and what the choice would have been without exploring.
+        ``ratios``: each candidate's wire/raw byte ratio (the bytes policy)."""
         faded = pred if faded is None else faded
         if self.policy == "bytes":
             within = [i for i in idx if pred[i] <= self.budget]  # type: ignore[operator]
-            raw = [self.cm.up_bytes[i] * (self.byte_ratios(default_ratio)[i]) for i in range(len(pred))]
+            raw = [self.cm.up_bytes[i] * ratios[i] for i in range(len(pred))]
             best = min(within, key=lambda i: (raw[i], pred[i])) if within else min(idx, key=pred.__getitem__)
         else:
             best = min(idx, key=pred.__getitem__)
@@ -466,4 +418,4 @@ class Controller:
             self.current, self._since = choice, now
             self._backoff[choice] = 1.0
         self._last_used[choice] = now
-        return Choice(choice, self.cm.ids[choice], pred[choice], tuple(pred), explore, unexplored)
+        return choice, explore, unexplored

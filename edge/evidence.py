@@ -62,6 +62,7 @@ class RecentMedian:
         self._xs: deque[float] = deque(maxlen=n)
         self.gap_s = gap_s  # a sample after a pause this long starts over (see Runs)
         self.at = -math.inf  # when the last sample came
+        self._value = math.nan  # the median, kept (it is read many times between samples)
 
     def add(self, x: float, now: float | None = None, upper_bound: bool = False) -> bool:
         """One sample; ``upper_bound`` as in :meth:`Runs.add`. Whether it was taken."""
@@ -74,11 +75,12 @@ class RecentMedian:
             self._xs.clear()
         self._xs.append(x)
         self.at = now
+        self._value = median(self._xs)
         return True
 
     @property
     def value(self) -> float:
-        return median(self._xs) if self._xs else math.nan
+        return self._value
 
 
 class Runs:
@@ -104,6 +106,7 @@ class Runs:
         self.hold_s, self.fade_s = hold_s, fade_s
         self._xs: deque[tuple[float, float]] = deque(maxlen=9)
         self._fresh = False  # the current run restarted after a pause: one sample is enough
+        self._standing: tuple[float | None] | None = None  # value() kept until the next sample
 
     def add(self, ms: float, now: float, upper_bound: bool = False) -> None:
         """One sample. ``upper_bound``: the frame shared the device with other work (a race), so
@@ -119,17 +122,24 @@ class Runs:
             self._xs.clear()
             self._fresh = True
         self._xs.append((now, ms))
+        self._standing = None
 
     def value(self, now: float, fade: bool = False) -> float | None:
         """The statistic over the current run's samples (None: not enough of them); ``fade``:
         exploration's view (see the class)."""
         if not self._xs:
             return None
+        if not fade and self._standing is not None:  # the standing view depends on the samples alone
+            return self._standing[0]
         ref = now if fade else self._xs[-1][0]
         recent = [ms for at, ms in self._xs if ref - at <= self.window_s]
         if not recent or len(recent) < (1 if self._fresh else self.min_n):
+            if not fade:
+                self._standing = (None,)
             return None
         v = self.stat(recent)
+        if not fade:
+            self._standing = (v,)
         idle = now - self._xs[-1][0] - self.hold_s
         if fade and idle > 0 and not self._fresh:
             v *= math.exp(-idle / self.fade_s)

@@ -132,10 +132,9 @@ class RemoteCall:
                 bound = min(bound, total * 8 / waited_s / 1e6 / (2 if late else 1))
         return bound
 
-    def first_hedge_s(self, i: int, pred_ms: float) -> float:
+    def first_hedge_s(self, network_ms: float) -> float:
         """When a frame first considers the device: its predicted network-and-cloud time with a
         margin, not a fixed long timeout."""
-        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
         return min(max((self.hedge_factor * network_ms + self.hedge_margin_ms) / 1e3, _MIN_WAIT_S), DEADLINE_S)
 
     def should_hedge(self, elapsed_ms: float, network_ms: float, local_ms: float,
@@ -156,17 +155,19 @@ class RemoteCall:
     async def call(self, i: int, cand: Candidate, cut: Outputs, encoded: dict[str, Encoded], codec: str,
                    pred_ms: float, timings: dict[str, float], local: Callable[[], Awaitable[Outputs]],
                    local_ms: float, *, race: bool = False, priority: float = math.inf,
-                   free_until: float = -math.inf) -> Outcome:
+                   free_until: float = -math.inf, device_ms: float | None = None) -> Outcome:
         """Send ``encoded`` (the cut, encoded with ``codec``) as candidate ``i`` and wait for the
         cloud, hedging on the device with ``local`` (expected to take ``local_ms``). ``free_until``
         (``time.perf_counter()`` time): when the camera's next frame is due; until then an idle
-        device's hedge delays no other frame."""
+        device's hedge delays no other frame. ``device_ms``: the part of ``pred_ms`` on the device
+        (its edge segment and encoding), when the caller has it."""
         ch = self.link.channel
         if ch is None:
             return Outcome(await local(), 0, self.link.why_not())
         wire_bytes = sum(e.nbytes for e in encoded.values())
         self.controller.observe_bytes(i, wire_bytes)
-        network_ms = max(pred_ms - self.controller.edge_ms()[i], 0.0)
+        device_ms = self.controller.edge_ms()[i] if device_ms is None else device_ms
+        network_ms = max(pred_ms - device_ms, 0.0)
         rid, fut = self.link.expect()
         fut.add_done_callback(consume)
         req = wire.InferRequest(rid, self.plan.hash, cand.id, encoded, codec=codec,
@@ -195,7 +196,7 @@ class RemoteCall:
             if race:
                 fallback = asyncio.ensure_future(local())
             else:
-                wait_s = self.first_hedge_s(i, pred_ms)
+                wait_s = self.first_hedge_s(network_ms)
                 while fallback is None:
                     done, _ = await asyncio.wait({remote}, timeout=wait_s)
                     if done:
