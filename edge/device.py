@@ -5,7 +5,8 @@ in order, so a late frame's hedge goes ahead of newer frames' work (which would 
 anyway). The controller adds the wait to every candidate that needs the device; the hedge starts
 only when the device would finish sooner than the cloud is expected to answer; optional work (a
 hedge, a race) is refused while the queue is full, so fallbacks never pile onto an overloaded
-device.
+device. A job cancelled while queued never runs; a segment cancelled while it runs (a hedge the
+cloud beat) is stopped where it is.
 
 >>> dev = Device(threads=1)                                                        # doctest: +SKIP
 >>> out, ms = await dev.run("segments/c1_edge.onnx", feeds, expect_ms=40.0, priority=7)  # doctest: +SKIP
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .runtime import Backend, OrtBackend
+from .runtime import Abort, Backend, OrtBackend
 
 __all__ = ["Device", "BACKGROUND"]
 
@@ -83,9 +84,11 @@ class Device:
         """Whether optional work (a hedge, a race) may be queued now."""
         return len(self._jobs) < self.max_jobs
 
-    async def call(self, fn: Callable[[], T], expect_ms: float, priority: float = BACKGROUND) -> T:
+    async def call(self, fn: Callable[[], T], expect_ms: float, priority: float = BACKGROUND,
+                   abort: Callable[[], None] | None = None) -> T:
         """Run ``fn`` on the device's thread, queued by ``priority`` (a frame's index: lower first)
-        and accounted as ``expect_ms``."""
+        and accounted as ``expect_ms``. Cancelled while queued, the job never runs; cancelled
+        while running, ``abort`` (where given) is called to stop it."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         seq = next(self._seq)
@@ -121,6 +124,8 @@ class Device:
                 job_state = self._jobs.get(seq)
                 if job_state is not None and job_state[2] is None:  # cancelled while queued: it will not run
                     self._jobs.pop(seq, None)
+            if job_state is not None and job_state[2] is not None and abort is not None:
+                abort()  # cancelled while running: what is left of it would only hold up the next jobs
 
     def _serve(self) -> None:
         while True:
@@ -134,13 +139,16 @@ class Device:
 
     async def run(self, path: str, feeds: Mapping[str, np.ndarray], expect_ms: float = 0.0,
                   priority: float = BACKGROUND) -> tuple[dict[str, np.ndarray], float]:
-        """A segment's outputs and the run's own time in ms (not the wait for the thread)."""
+        """A segment's outputs and the run's own time in ms (not the wait for the thread).
+        Cancelled while it runs (a hedge the cloud beat), the run is stopped where it is."""
+        stop = Abort()
+
         def run() -> tuple[dict[str, np.ndarray], float]:
             t = time.perf_counter()
-            out = self.backend(path).run(feeds)
+            out = self.backend(path).run(feeds, stop)
             return out, (time.perf_counter() - t) * 1e3
 
-        return await self.call(run, expect_ms, priority)
+        return await self.call(run, expect_ms, priority, abort=stop)
 
     def shutdown(self) -> None:
         """Run what is queued, then stop the thread."""

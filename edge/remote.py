@@ -11,7 +11,8 @@ not take on a hedge it would finish later than the cloud; an idle one does not s
 stall (a trace's 1-s outages: waiting until the reply was a device run late made those frames
 0.7-1.1 s, where the free hedge has them by ~0.45 s). An exploring frame (``race``) starts on
 the device at once, and a device that wins is not the cloud failing; the cloud's reply,
-whenever it comes, is measured as usual.
+whenever it comes, is measured as usual. A hedge the cloud beat is stopped on the device where it
+is: on a small device what was left of it is time the next frames need.
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ class RemoteCall:
             log.warning("bad reply from the cloud: %s", exc)
             return Outcome(await (fallback or local()), wire_bytes, f"bad reply from the cloud: {exc}")
         if fallback is not None and not race:
-            fallback.cancel()  # not started yet: dropped; running: its result is ignored
+            fallback.cancel()  # not started yet: dropped; running: stopped where it is (Device.run)
         # (racing, the device's run goes on: its time is the measurement the race was for)
         sampled = self.observe_reply(i, reply, (arrived - sent_at) * 1e3, wire_bytes, timings, raced=race)
         # the network's time, where the bandwidth estimate took this transfer as a sample (it has

@@ -7,22 +7,61 @@ import abc
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Backend", "OrtBackend"]
+__all__ = ["Abort", "Backend", "OrtBackend"]
 
 # per segment file, the fastest run of it in this process (see OrtBackend's emulate_slowdown)
 _FASTEST: dict[str, float] = {}
+
+
+class Abort:
+    """Stops a run in progress, from any thread: a hedge the cloud beat need not finish on the
+    device (on a small device its remaining work is what the next frames wait for). A backend
+    that can stop mid-run registers how (onnxruntime: ``RunOptions.terminate``, checked between
+    nodes); one that cannot finishes the run. A run that was stopped raises :class:`Aborted`."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._hooks: list[Callable[[], None]] = []
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._event.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    @property
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def on_abort(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` when the run is stopped (now, if it already was)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._hooks.append(hook)
+                return
+        hook()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early when stopped; whether it was."""
+        return self._event.wait(max(seconds, 0.0))
+
+
+class Aborted(Exception):  # noqa: N818 - a signal between the device's thread and its queue, never raised to users
+    """The run was stopped by its :class:`Abort` (its caller no longer wants the result)."""
 
 
 class Backend(abc.ABC):
     """Runs one ONNX model file."""
 
     @abc.abstractmethod
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """All outputs by name."""
+    def run(self, feeds: Mapping[str, np.ndarray], abort: Abort | None = None) -> dict[str, np.ndarray]:
+        """All outputs by name. ``abort``: stops the run early where the backend can."""
 
     @property
     @abc.abstractmethod
@@ -64,16 +103,33 @@ class OrtBackend(Backend):
     def input_names(self) -> list[str]:
         return [i.name for i in self._sess.get_inputs()]
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], abort: Abort | None = None) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
         with self._lock:
+            opts = None
+            if abort is not None:
+                opts = ort.RunOptions()
+                abort.on_abort(lambda: setattr(opts, "terminate", True))
+                if abort.is_set:
+                    raise Aborted("stopped before it started")
             t = time.perf_counter()
-            out = dict(zip(self._outputs, self._sess.run(self._outputs, dict(feeds))))
+            try:
+                out = dict(zip(self._outputs, self._sess.run(self._outputs, dict(feeds), opts)))
+            except Exception as exc:
+                if abort is not None and abort.is_set:
+                    raise Aborted("stopped while running") from exc
+                raise
             if self.emulate_slowdown > 1.0:
                 took = time.perf_counter() - t
                 if self._cold:  # the first run loads and allocates: slowed, but not a steady time
                     self._cold = False
-                    time.sleep((self.emulate_slowdown - 1.0) * took)
+                    pause = (self.emulate_slowdown - 1.0) * took
                 else:
                     fastest = _FASTEST[self._key] = min(_FASTEST.get(self._key, took), took)
-                    time.sleep(max(0.0, self.emulate_slowdown * fastest - took))
+                    pause = max(0.0, self.emulate_slowdown * fastest - took)
+                if abort is None:
+                    time.sleep(pause)
+                elif abort.wait(pause):
+                    raise Aborted("stopped while running")
             return out

@@ -415,3 +415,61 @@ def test_a_frames_choice_gathers_the_controllers_evidence_once_per_view(yolo_pla
     assert edge_calls == len(views)  # the device's expected times come from the same snapshot
     out, views, edge_calls = arun(main("cloud"), timeout=90)
     assert len(out) == 6 and views == [False] * 6 and edge_calls == len(views), (views, edge_calls)
+
+
+def _long_model(path, nodes=400, side=256):
+    """A chain of ``nodes`` matrix products: long enough at full speed that a stop mid-run shows."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array((np.eye(side, dtype=np.float32) * 0.999), "w")
+    names = ["x"] + [f"h{k}" for k in range(nodes - 1)] + ["y"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [names[k], "w"], [names[k + 1]]) for k in range(nodes)], "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [side, side])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_hedge_the_cloud_beat_stops_on_the_device(tmp_path):
+    """A run cancelled while it is on the device (a hedge whose cloud reply came first) is stopped
+    where it is, not run to the end: the frame behind it starts at once. Without the stop, the
+    next job waited for the whole chain (the device is one thread)."""
+    import numpy as np
+
+    from splitinfer.edge.runtime import Abort, Aborted, OrtBackend
+
+    path = str(tmp_path / "chain.onnx")
+    _long_model(path)
+    x = {"x": np.ones((256, 256), np.float32)}
+    backend = OrtBackend(path, threads=1)
+    backend.run(x)  # warm
+    t = time.perf_counter()
+    backend.run(x)
+    full_s = time.perf_counter() - t
+
+    stopped = Abort()
+    stopped()
+    with pytest.raises(Aborted):  # stopped before it started: it does not run
+        backend.run(x, stopped)
+
+    dev = Device(threads=1)
+    dev._backends[path] = backend
+
+    async def main():
+        hedge = asyncio.ensure_future(dev.run(path, x, 1e3 * full_s, priority=1))
+        while not dev.jobs or dev._jobs[next(iter(dev._jobs))][2] is None:  # on the device now
+            await asyncio.sleep(0.001)
+        nxt = asyncio.ensure_future(dev.call(lambda: time.perf_counter(), 1.0, priority=2))
+        cancelled_at = time.perf_counter()
+        hedge.cancel()
+        started = await asyncio.wait_for(nxt, timeout=30)
+        with pytest.raises(asyncio.CancelledError):
+            await hedge
+        return started - cancelled_at
+
+    waited_s = asyncio.run(main())
+    dev.shutdown()
+    # the chain's remaining nodes were skipped: the next job started in a fraction of the run
+    assert waited_s < full_s / 3, (waited_s, full_s)
