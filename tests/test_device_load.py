@@ -137,11 +137,11 @@ def test_the_way_to_the_devices_thread_and_back_is_the_candidates_own_cost(yolo_
         async with EdgeAgent(plan, None) as ag:
             real = ag.device.call
 
-            async def late_thread(fn, expect_ms, priority=math.inf):
+            async def late_thread(fn, expect_ms, priority=math.inf, **kw):
                 def late():
                     time.sleep(hop_s)  # not the segment's run: its own time is measured inside fn
                     return fn()
-                return await real(late, expect_ms, priority)
+                return await real(late, expect_ms, priority, **kw)
 
             ag.device.call = late_thread
             return [await ag.infer(random_feeds(plan.inputs, seed=k)) for k in range(10)]
