@@ -334,8 +334,8 @@ class EdgeAgent:
         prober = self.link.prober if self.link is not None else None
         if prober is not None:  # an overdue probe bounds the rate from above
             bw = min(bw, prober.rate_bound_mbps(rtt_ms=self.monitor.min_rtt_ms()))
-        if self.remote is not None:  # and so do overdue frames
-            bw = min(bw, self.remote.rate_bound_mbps())
+        if self.remote is not None:  # and so do overdue frames (with the probes in their way)
+            bw = min(bw, self.remote.rate_bound_mbps(probes=self.link.recent_probes() if self.link else ()))
         # frames and probes still ahead of this one on the uplink
         frames = self.remote.sends_in_flight() if self.remote is not None else []
         probes = self.link.probe_sends_in_flight() if self.link is not None else []

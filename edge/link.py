@@ -114,6 +114,10 @@ class CloudLink:
         """(seconds since sent, bytes) of each probe not yet answered."""
         return self.prober.sends_in_flight() if self.prober is not None else []
 
+    def recent_probes(self) -> list[tuple[float, int, float | None]]:
+        """(seconds since sent, bytes, seconds since answered or None) of the last probes."""
+        return self.prober.recent_sends() if self.prober is not None else []
+
     # ------------------------------------------------------------------ connection
     async def _resolve_url(self) -> str:
         if self.url != "auto":

@@ -160,6 +160,52 @@ def test_overdue_frames_bound_the_rate(yolo_plan):
     ag.device.shutdown()
 
 
+def test_a_probe_ahead_of_a_frame_is_part_of_what_the_link_carried(yolo_plan):
+    """A 1.6 KB frame sent just after a 48 KB probe on a 1 Mbit/s link is answered ~0.4 s later:
+    while it waits, its silence says the link carried less than probe and frame together, not
+    less than the frame alone (0.03 Mbit/s, which collapsed the estimate at every probe). A probe
+    answered before the frame was sent, or sent after it, is not in its way."""
+    from splitinfer.edge import EdgeAgent
+    from splitinfer.edge.remote import _Sent
+
+    ag = EdgeAgent(Plan.load(yolo_plan), "tcp://127.0.0.1:9", warmup=False)
+    rc = ag.remote
+    rc._inflight[1] = _Sent(10.0, 1600, 0, 20.0)
+    now = 10.3
+    alone = 1600 * 8 / 0.28 / 1e6
+    assert rc.rate_bound_mbps(now=now) == pytest.approx(alone)
+    in_way = [(now - 9.99, 48 * 1024, None)]  # sent 10 ms before the frame, not answered
+    assert rc.rate_bound_mbps(now=now, probes=in_way) == pytest.approx((48 * 1024 + 1600) * 8 / 0.28 / 1e6)
+    assert rc.rate_bound_mbps(now=now, probes=in_way) > 1.0  # a 1 Mbit/s link is not ruled out
+    answered_before = [(now - 9.5, 48 * 1024, now - 9.9)]
+    sent_after = [(now - 10.1, 48 * 1024, None)]
+    assert rc.rate_bound_mbps(now=now, probes=answered_before) == pytest.approx(alone)
+    assert rc.rate_bound_mbps(now=now, probes=sent_after) == pytest.approx(alone)
+    answered_since = [(now - 9.99, 48 * 1024, now - 10.2)]  # through the link while the frame waited
+    assert rc.rate_bound_mbps(now=now, probes=answered_since) == pytest.approx((48 * 1024 + 1600) * 8 / 0.28 / 1e6)
+    ag.device.shutdown()
+
+
+def test_the_prober_remembers_what_it_sent_and_when_it_was_answered():
+    from splitinfer.transport.bandwidth import ActiveProber, BandwidthMonitor
+    from splitinfer.transport.wire import Pong
+
+    now = [100.0]
+    m = BandwidthMonitor(clock=lambda: now[0])
+    sent = []
+
+    async def send(ping):
+        sent.append(ping)
+
+    prober = ActiveProber(m, send)
+    asyncio.run(prober.probe())
+    now[0] = 100.5
+    assert prober.recent_sends() == [(pytest.approx(0.5), prober.min_probe_bytes, None)]
+    prober.on_pong(Pong(sent[0].seq, sent[0].sent_at, recv_ms=400.0, nbytes=prober.min_probe_bytes))
+    now[0] = 101.0
+    assert prober.recent_sends() == [(pytest.approx(1.0), prober.min_probe_bytes, pytest.approx(0.5))]
+
+
 def test_bytes_sent_long_enough_ago_are_through_the_link():
     """What is still ahead of a new frame: the link drains what was sent first in, first out at its
     rate; a probe whose answer is still on the way back is no longer in the way."""

@@ -236,6 +236,8 @@ class ActiveProber:
         self._seq = 0
         self._last_probe = -math.inf
         self._inflight: dict[int, tuple[float, int]] = {}  # seq -> (sent at, bytes)
+        # the last probes, answered or not: [sent at, bytes, answered at (None: not yet)] (see recent_sends)
+        self._history: deque[list[float | None]] = deque(maxlen=16)
         self.last_probe_mbps = 0.0
         self.last_probe_s = 0.0  # how long the last answered probe took to cross (0: none yet)
         # the ramp (slow start): on while the caller says a higher rate would matter
@@ -272,6 +274,13 @@ class ActiveProber:
         """(seconds since sent, bytes) of each probe not yet answered: see :func:`queued_bytes`."""
         now = self.monitor.clock() if now is None else now
         return [(now - at, n) for at, n in self._inflight.values()]
+
+    def recent_sends(self, now: float | None = None) -> list[tuple[float, int, float | None]]:
+        """(seconds since sent, bytes, seconds since answered or None) of the last probes: what
+        else was on the uplink while a frame waited (see ``RemoteCall.rate_bound_mbps``)."""
+        now = self.monitor.clock() if now is None else now
+        return [(now - at, int(n), None if done is None else now - done)  # type: ignore[operator]
+                for at, n, done in self._history]
 
     def _rate_bps(self) -> float:
         # a probe that measured more than the (smoothed) estimate sizes the next one: probe up fast
@@ -363,13 +372,18 @@ class ActiveProber:
         self._debt += size
         self._last_probe = now
         self._inflight[self._seq] = (now, size)
+        self._history.append([now, size, None])
         self.sent += 1
         self.sent_bytes += size
         await self.send(Ping(self._seq, now, padding=size))
 
     def on_pong(self, pong: Pong) -> None:
         now = self.monitor.clock()
-        ours = self._inflight.pop(pong.seq, None) is not None  # (else one given up on: still a measurement)
+        sent = self._inflight.pop(pong.seq, None)
+        ours = sent is not None  # (else one given up on: still a measurement)
+        for h in self._history:
+            if sent is not None and h[0] == sent[0] and h[2] is None:
+                h[2] = now
         # a probe too fast to time measured at least its bytes in the monitor's shortest timed sample
         seconds = max(pong.recv_ms / 1e3, self.monitor.min_sample_s)
         self.last_probe_mbps = pong.nbytes * 8 / seconds / 1e6
@@ -386,6 +400,9 @@ class ActiveProber:
             for seq, (at, _) in list(self._inflight.items()):
                 if now - at > self.max_interval_s * 2:
                     del self._inflight[seq]
+                    for h in self._history:  # no longer on the link (see recent_sends)
+                        if h[0] == at and h[2] is None:
+                            h[2] = now
                     if self.ramping:  # the link did not carry it: the ramp is over
                         self._ramp_stalls = 2
                         self._ramp_round(0.0, now)
