@@ -309,6 +309,18 @@ class EdgeAgent:
         faster = self.controller.predict(bw * factor, rtt, **common)
         return _argmin(faster) != _argmin(preds)
 
+    def _steer_prober(self, bw: float, rtt: float, preds: Sequence[float], common: dict[str, Any]) -> None:
+        """Ramp the probes up while a faster link would change the choice (``preds``: a frame's)."""
+        prober = self.link.prober if self.link is not None else None
+        if prober is None:
+            return
+        want = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
+        prober.want_more = want
+        # a close call (a link 1.5x as fast would change it) is worth the link's share of probes;
+        # a distant one, a tenth of what the frames would cost in the cloud
+        close = want and self._faster_would_matter(bw, rtt, preds, common, factor=1.5)
+        prober.budget_bps = None if close else self._probe_budget_bps()
+
     # ------------------------------------------------------------------ frames
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> FrameResult:
         """One frame. Never raises for cloud trouble: the frame is finished locally instead."""
@@ -369,14 +381,10 @@ class EdgeAgent:
                                             **common)  # type: ignore[arg-type]
             i, explore, preds = choice.index, choice.explore, list(choice.predictions)
             base, model = choice.unexplored, list(choice.base)
-        prober = self.link.prober if self.link is not None else None
-        if prober is not None:  # ramp the probes up while a faster link would change the choice
-            want = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
-            prober.want_more = want
-            # a close call (a link 1.5x as fast would change it) is worth the link's share of probes;
-            # a distant one, a tenth of what the frames would cost in the cloud
-            close = want and self._faster_would_matter(bw, rtt, preds, common, factor=1.5)
-            prober.budget_bps = None if close else self._probe_budget_bps()
+        if self.link is not None and self.link.prober is not None:
+            # after this frame's send has started (its first wait): on a CPU-quota device the
+            # frame's own CPU before the send is its latency, and the prober's settings can wait
+            asyncio.get_running_loop().call_soon(self._steer_prober, bw, rtt, preds, common)
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
         # Exploring thus costs device time, not latency (and is not done while the device is full).

@@ -379,7 +379,8 @@ def test_a_frames_choice_gathers_the_controllers_evidence_once_per_view(yolo_pla
     adaptive frames that went to the cloud, as static-cloud ones did, took 12-15 ms longer
     (slow device, 5 and 20 Mbit/s). A frame's predictions (the standing view, the exploration's,
     the prober's faster links, the device's expected times) are all made from one snapshot of
-    the evidence per view: two for an adaptive frame, one for a pinned one."""
+    the evidence per view: the standing one for every frame, the exploration's too for an adaptive
+    frame that looks for a candidate to explore (only then: it was ~60 us of every frame's CPU)."""
     from conftest import arun
     from splitinfer.cloud import CloudService
     from splitinfer.edge import EdgeAgent
@@ -393,8 +394,8 @@ def test_a_frames_choice_gathers_the_controllers_evidence_once_per_view(yolo_pla
             async with LinkEmulator(("127.0.0.1", svc.port), rate_mbps=50) as emu:
                 async with EdgeAgent(plan, f"tcp://127.0.0.1:{emu.port}", candidate=candidate) as ag:
                     assert ag.connected and ag.link is not None and ag.link.prober is not None
-                    views, edge_calls = [], 0
-                    take, edge_ms = ag.controller.evidence, ag.controller.edge_ms
+                    views, edge_calls, looks = [], 0, []
+                    take, edge_ms, due = ag.controller.evidence, ag.controller.edge_ms, ag.controller.exploration_due
 
                     def counted(*a, **k):
                         views.append(k.get("fade", a[1] if len(a) > 1 else False))
@@ -405,15 +406,25 @@ def test_a_frames_choice_gathers_the_controllers_evidence_once_per_view(yolo_pla
                         edge_calls += 1
                         return edge_ms(*a, **k)
 
-                    ag.controller.evidence, ag.controller.edge_ms = counted, counted_edge
-                    ag.remote.hedge_margin_ms = 5000.0  # no hedge: its own look at the device is not the choice's
-                    out = [await ag.infer(random_feeds(plan.inputs, seed=k)) for k in range(6)]
-                    return out, views, edge_calls
+                    def counted_due(now):
+                        looks.append(due(now))
+                        return looks[-1]
 
-    out, views, edge_calls = arun(main(None), timeout=90)
-    assert len(out) == 6 and sorted(views) == [False] * 6 + [True] * 6, views
+                    ag.controller.evidence, ag.controller.edge_ms = counted, counted_edge
+                    ag.controller.exploration_due = counted_due
+                    ag.remote.hedge_margin_ms = 5000.0  # no hedge: its own look at the device is not the choice's
+                    out = []
+                    for k in range(6):
+                        if k == 3:  # frames 3-5 look for a candidate to explore, 0-2 do not
+                            ag.controller.explore_every_s = 0.0
+                        out.append(await ag.infer(random_feeds(plan.inputs, seed=k)))
+                    return out, views, edge_calls, looks
+
+    out, views, edge_calls, looks = arun(main(None), timeout=90)
+    assert looks == [False] * 3 + [True] * 3, looks
+    assert len(out) == 6 and sorted(views) == [False] * 6 + [True] * 3, views
     assert edge_calls == len(views)  # the device's expected times come from the same snapshot
-    out, views, edge_calls = arun(main("cloud"), timeout=90)
+    out, views, edge_calls, looks = arun(main("cloud"), timeout=90)
     assert len(out) == 6 and views == [False] * 6 and edge_calls == len(views), (views, edge_calls)
 
 

@@ -146,6 +146,24 @@ def test_monitor_ignores_tiny_frames_and_tracks_rtt():
     assert mon.estimate_mbps() == pytest.approx(mon.raw_mbps() * mon.safety)
 
 
+def test_base_rtt_is_the_minimum_of_the_last_ten_seconds():
+    """The base RTT is read on every frame: a sliding minimum, the same as min() over the window."""
+    import random
+
+    mon = BandwidthMonitor()
+    assert mon.min_rtt_ms() == 0.0  # nothing yet: the smoothed RTT's 0
+    rng = random.Random(3)
+    seen: list[tuple[float, float]] = []
+    for k in range(400):
+        at, ms = k * 0.1, rng.uniform(5.0, 80.0) if k % 50 else 1.0  # a rare low one, then it ages out
+        mon.add_rtt(ms, at=at)
+        seen.append((at, ms))
+        assert mon.min_rtt_ms() == min(r for t, r in seen if t >= at - 10.0), k
+    mon.add_rtt(-1.0, at=41.0)  # refused, as a NaN is
+    mon.add_rtt(float("nan"), at=41.0)
+    assert mon.min_rtt_ms() == min(r for t, r in seen if t >= 39.9 - 10.0)
+
+
 def test_synthetic_step_is_tracked_within_two_seconds_of_transfer_time():
     mon = BandwidthMonitor()
     t = 0.0

@@ -109,7 +109,9 @@ class BandwidthMonitor:
         # ends the bound
         self.ceiling_ttl_s = 10.0
         self._srtt: float | None = None
-        self._rtts: deque[tuple[float, float]] = deque()  # (time, ms) over the last 10 s
+        # (time, ms) of the RTTs of the last 10 s that no later one undercuts: increasing in ms, so
+        # the first is the window's minimum (read every frame, in O(1))
+        self._rtts: deque[tuple[float, float]] = deque()
 
     # ------------------------------------------------------------------ samples
     def add_transfer(self, nbytes: int, seconds: float, at: float | None = None) -> bool:
@@ -157,9 +159,12 @@ class BandwidthMonitor:
             return
         now = self.clock() if at is None else at
         self._srtt = rtt_ms if self._srtt is None else 0.875 * self._srtt + 0.125 * rtt_ms  # RFC 6298 alpha
-        self._rtts.append((now, rtt_ms))
-        while self._rtts and self._rtts[0][0] < now - 10.0:
-            self._rtts.popleft()
+        rtts = self._rtts
+        while rtts and rtts[-1][1] >= rtt_ms:  # never the minimum again while this one is in the window
+            rtts.pop()
+        rtts.append((now, rtt_ms))
+        while rtts[0][0] < now - 10.0:
+            rtts.popleft()
 
     # ------------------------------------------------------------------ estimates
     def raw_mbps(self) -> float:
@@ -187,7 +192,8 @@ class BandwidthMonitor:
         return self._srtt or 0.0
 
     def min_rtt_ms(self) -> float:
-        return min((r for _, r in self._rtts), default=self.rtt_ms())
+        """The smallest RTT of the last 10 s (ms): the base RTT; the smoothed RTT before any."""
+        return self._rtts[0][1] if self._rtts else self.rtt_ms()
 
     def idle_s(self) -> float:
         """Seconds since the last throughput sample (a lower bound counts)."""
