@@ -345,6 +345,28 @@ def _after_probing(mbps, seconds, budget_bps):
     return prober, mon, now
 
 
+@pytest.mark.parametrize("mbps", [100.0, 2000.0])
+def test_on_a_fast_link_that_no_faster_rate_would_help_probes_are_small(mbps):
+    """On loopback (or 100 Mbit/s), the cloud already chosen and a faster link no help, a steady
+    probe went every ``max_interval_s`` at 60 ms of the rate, capped at 2 MB: ~300 KB of uplink a
+    frame at 2 fps beside the frames' own. It need only find a slower link: ``min_probe_bytes``
+    does, and the estimate stays what the link does."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    mon.add_transfer(int(mbps * 1e6 / 8 * 0.1), 0.1, at=0.0)  # the link was measured: mbps
+    prober = ActiveProber(mon, None)
+    prober.want_more = False
+    sizes = []
+    probe_an_idle_link(prober, mon, now, mbps, 60.0, sizes=sizes)
+    assert len(sizes) >= 5 and set(sizes) == {prober.min_probe_bytes}, sizes
+    assert prober.probe_size() > 10 * prober.min_probe_bytes  # what a probe would have been
+    assert mon.raw_mbps() > 0.8 * mbps
+    # the link fell to 20 Mbit/s: the small probes time it
+    probe_an_idle_link(prober, mon, now, 20.0, 60.0)
+    assert mon.raw_mbps() < 0.5 * mbps
+    assert mon.raw_mbps() == pytest.approx(20.0, rel=0.3)
+
+
 def test_a_link_that_comes_back_after_an_outage_is_found_within_seconds():
     """A late frame during a 1-s outage sets a ceiling of 0.2 Mbit/s on a 4 Mbit/s link; the
     link is back at once. The budget (300 B/s, a tenth of a 1.5 KB bottleneck's frames at 2 fps)

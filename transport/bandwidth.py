@@ -227,7 +227,8 @@ class ActiveProber:
     ``want_more`` (the caller's word that a faster link would change its choice), probes are spaced
     so they use at most ``share`` of the estimated rate, and at most ``budget_bps`` when the caller
     sets one; otherwise, and where the share or the budget would space them further apart, one
-    goes every ``max_interval_s`` (a dead or slow link is retried, a recovered one found)."""
+    goes every ``max_interval_s`` (a dead or slow link is retried, a recovered one found), of
+    ``min_probe_bytes`` only while a faster link would not matter."""
 
     def __init__(self, monitor: BandwidthMonitor, send: Callable[[Ping], Awaitable[object]], *,
                  idle_s: float = 0.5, probe_ms: float = 60.0, share: float = 0.1,
@@ -373,7 +374,10 @@ class ActiveProber:
     async def probe(self) -> None:
         now = self.monitor.clock()
         self._seq += 1
-        size = self._ramp_size if self.ramping else self.probe_size()
+        # while a faster link would not matter, a probe need only find a slower one (or a dead
+        # one): the smallest size the monitor times does that (on loopback the full size, 2 MB
+        # every max_interval_s, was ~300 KB of uplink a frame beside the frames' own)
+        size = self._ramp_size if self.ramping else self.probe_size() if self.want_more else self.min_probe_bytes
         self._repay(now)
         self._debt += size
         self._last_probe = now
