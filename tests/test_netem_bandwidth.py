@@ -190,6 +190,7 @@ def test_active_probing_notices_bandwidth_coming_back():
                 async with await TcpChannel.connect("127.0.0.1", emu.port) as ch:
                     mon = BandwidthMonitor()
                     prober = ActiveProber(mon, ch.send)
+                    prober.want_more = True  # the caller's word: a faster link would matter
 
                     async def reader():
                         while True:
@@ -286,7 +287,8 @@ def test_probes_take_a_share_of_the_link_only_while_a_faster_link_would_matter(m
     mon.add_transfer(int(mbps * 1e6 / 8), 1.0, at=0.0)  # the link was measured: mbps
     prober = ActiveProber(mon, None)
     link_bytes = mbps * 1e6 / 8
-    wanted = probe_an_idle_link(prober, mon, now, mbps, 300.0)  # want_more: True until told otherwise
+    prober.want_more = True  # the caller's word: a faster link would matter
+    wanted = probe_an_idle_link(prober, mon, now, mbps, 300.0)
     assert prober.ramps >= 1  # a faster link would matter: it ramped
     # within the share over the run (a ramp's bytes are repaid by its rest), and one probe on top
     # where the share alone would space them further apart than max_interval_s
@@ -325,6 +327,7 @@ def test_a_link_a_probe_can_time_is_not_ramped_on():
     mon.add_transfer(100_000, 1.0, at=0.0)
     sizes = []
     prober = ActiveProber(mon, None)
+    prober.want_more = True  # the caller's word: the call is close
     probe_an_idle_link(prober, mon, now, 0.8, 1.0)  # the first probe: a ramp's first round
     probe_an_idle_link(prober, mon, now, 0.8, 60.0, sizes=sizes)
     assert prober.ramps == 1 and not prober.ramping
@@ -340,7 +343,7 @@ def _after_probing(mbps, seconds, budget_bps):
     mon = BandwidthMonitor(clock=lambda: now[0])
     mon.add_transfer(int(mbps * 1e6 / 8), 1.0, at=0.0)
     prober = ActiveProber(mon, None)
-    prober.budget_bps = budget_bps
+    prober.want_more, prober.budget_bps = True, budget_bps  # an agent's word: a faster link would matter
     probe_an_idle_link(prober, mon, now, mbps, seconds)
     return prober, mon, now
 
@@ -365,6 +368,26 @@ def test_on_a_fast_link_that_no_faster_rate_would_help_probes_are_small(mbps):
     probe_an_idle_link(prober, mon, now, 20.0, 60.0)
     assert mon.raw_mbps() < 0.5 * mbps
     assert mon.raw_mbps() == pytest.approx(20.0, rel=0.3)
+
+
+@pytest.mark.parametrize("mbps", [4.0, 2000.0])
+def test_a_new_link_is_measured_at_once_then_probes_wait_for_the_callers_word(mbps):
+    """Connected before its first frame (a benchmark's pre-roll, a camera not yet streaming), an
+    agent's prober ramped, then sent 2 MB steady probes every 0.5 s on loopback (~12 MB before the
+    first frame: ~224 KB of probes a frame over a 40-s run) and ramped again every
+    ``ramp_every_s``. Now: one ramp measures the link, then one small probe every
+    ``max_interval_s`` until the caller says a faster link would matter."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    prober = ActiveProber(mon, None)
+    sizes = []
+    probe_an_idle_link(prober, mon, now, mbps, 60.0, sizes=sizes)
+    assert prober.ramps == 1 and abs(mon.raw_mbps() - mbps) < 0.3 * mbps  # measured at once
+    ramp = 1 if mbps < 10 else 7  # a slow link's first probe timed it; a fast one's ramp doubled to 2 MB
+    assert sizes[ramp:] == [prober.min_probe_bytes] * len(sizes[ramp:]) and len(sizes) - ramp <= 60 / prober.max_interval_s + 1, sizes
+    prober.want_more = True  # the caller's word: steady probes at the share of the rate again
+    probe_an_idle_link(prober, mon, now, mbps, 10.0, sizes=sizes)
+    assert max(sizes[-3:]) == prober.probe_size() > prober.min_probe_bytes or mbps < 10
 
 
 def test_a_link_that_comes_back_after_an_outage_is_found_within_seconds():

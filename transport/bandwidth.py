@@ -28,7 +28,8 @@ link is found, as TCP slow start and BBR's startup do: back-to-back probes, each
 until the measured rate stops growing (less than 25 % over two rounds), a probe takes
 ``probe_ms`` to cross (it timed the link itself) or the largest probe is reached; then it rests
 until its bytes are within the share, and at least ``ramp_every_s``. A link slow enough for a
-probe to time is not ramped on. When the estimate falls below ``fall_ratio`` of its highest in the
+probe to time is not ramped on. Until the caller's first word, one ramp measures a new link and
+then the probes are as if a faster link would not matter. When the estimate falls below ``fall_ratio`` of its highest in the
 last ``recall_s`` (a late frame's ceiling, a probe caught in a stall) and a faster link would
 matter, recovery probes go ``recovery_s`` after the fall, then twice as far apart each time,
 whatever the share or budget: most such falls are a mobile link's outage of a second or two, and
@@ -247,8 +248,9 @@ class ActiveProber:
         self._history: deque[list[float | None]] = deque(maxlen=16)
         self.last_probe_mbps = 0.0
         self.last_probe_s = 0.0  # how long the last answered probe took to cross (0: none yet)
-        # the ramp (slow start): on while the caller says a higher rate would matter
-        self.want_more = True  # until the caller says otherwise: a new link is measured at once
+        # the ramp (slow start): on while the caller says a higher rate would matter; until it
+        # says anything, one ramp measures a new link at once and then the probes wait for its word
+        self._want_more: bool | None = None
         # the caller's cap on the probes' average bytes/s below the share of the rate (None: none);
         # an edge agent's is a share of what sending its frames to the cloud would cost
         self.budget_bps: float | None = None
@@ -266,6 +268,18 @@ class ActiveProber:
         self._fell_at: float | None = None
         self._recoveries = 0  # recovery probes sent since the fall
         self.recovery_probes = 0  # in all
+
+    @property
+    def want_more(self) -> bool:
+        """The caller's word that a faster link would change its choice. Before any word, True for
+        the first ramp only: an agent connected before its first frame (a benchmark's pre-roll, a
+        camera not yet streaming) had, after that ramp, 2 MB steady probes every 0.5 s on loopback,
+        ~12 MB before its first frame, and another ramp every ``ramp_every_s``."""
+        return self.ramps == 0 if self._want_more is None else self._want_more
+
+    @want_more.setter
+    def want_more(self, value: bool) -> None:
+        self._want_more = bool(value)
 
     def rate_bound_mbps(self, now: float | None = None, rtt_ms: float = 0.0) -> float:
         """What unanswered probes say: a probe of n bytes sent t seconds ago and not yet answered
