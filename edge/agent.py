@@ -4,8 +4,8 @@ exactly one result, in order, in one output format wherever it ran.
 
 The concerns live in their own modules: the link and its supervision (``link.py``), the hedged
 remote call (``remote.py``), the device and its queue (``device.py``), the choice
-(``controller.py``), how each cut is encoded (``encoding.py``); this class runs one frame
-through them.
+(``controller.py``), what the bandwidth prober is told (``probing.py``), how each cut is
+encoded (``encoding.py``); this class runs one frame through them.
 
 >>> async with EdgeAgent(Plan.load("plans/yolo-n"), cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
 ...     r = await agent.infer({"input": frame})
@@ -16,6 +16,7 @@ through them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import math
@@ -39,6 +40,7 @@ from .device import Device
 from .encoding import CutEncoder
 from .link import CloudLink
 from .pipeline import pipeline
+from .probing import ProbeSteering
 from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
 from .sizes import InputSizes
@@ -109,11 +111,10 @@ class EdgeAgent:
             # (the whole model from an all-cloud choice; an all-cloud candidate from any)
             self.controller.cheap_explore = {self._whole: frozenset(self._input_only),
                                              **dict.fromkeys(self._input_only)}
-        # bandwidth probes cost at most this share of what sending the frames to the cloud would:
-        # they are how a better link is found while the frames stay on the device
         self.races = 0  # explorations raced between the cloud and the device
-        self.probe_budget = 0.1
         self._prior_ratio = self.encoder.prior_ratio  # until a candidate's wire size is measured here
+        # what the prober is told after each frame's choice (its probes' budget: probing.py)
+        self.probing = ProbeSteering(self.plan, self.controller, self._prior_ratio)
         self._frames = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -286,41 +287,6 @@ class EdgeAgent:
         device = [0.0 if (i in self._input_only or ms <= 0.5) else ms for i, ms in enumerate(edge)]
         return DeviceLoad(self.device.wait_ms(), device, self.frame_interval_ms, self.max_inflight)
 
-    def _probe_budget_bps(self) -> float | None:
-        """The probes' average bytes/s at most, unless the call is close: ``probe_budget`` of what
-        the cheapest remote candidate's frames would send at the camera's rate (None while the rate
-        is not known). Probing at a share of the link alone cost an agent on the device as much
-        uplink as sending every frame to the cloud (session 22, a 1-4 Mbit/s trace window: 29 KiB
-        of probes a frame beside the all-cloud candidate's 44); the budget alone, on a close call,
-        left the estimate 7 s old while the cloud was predicted within 5 % of the device and was in
-        fact ~1.8x faster (TMobile-LTE-short: 14 frames on the device, adaptive 1.047x the cloud)."""
-        if not math.isfinite(self.frame_interval_ms):
-            return None
-        ratios = self.controller.byte_ratios(self._prior_ratio)
-        cm = self.controller.cm
-        wire = [cm.up_bytes[i] * ratios[i] for i, c in enumerate(self.plan.candidates) if not c.local]
-        return self.probe_budget * min(wire) * 1e3 / self.frame_interval_ms if wire else None
-
-    def _faster_would_matter(self, bw: float, rtt: float, preds: Sequence[float], common: dict[str, Any],
-                             factor: float = 4.0) -> bool:
-        """Whether a link ``factor`` times faster than the estimate would pick another candidate:
-        then finding the link's real rate is worth probing for. (``common`` holds the frame's
-        evidence: no state is gathered again.)"""
-        faster = self.controller.predict(bw * factor, rtt, **common)
-        return _argmin(faster) != _argmin(preds)
-
-    def _steer_prober(self, bw: float, rtt: float, preds: Sequence[float], common: dict[str, Any]) -> None:
-        """Ramp the probes up while a faster link would change the choice (``preds``: a frame's)."""
-        prober = self.link.prober if self.link is not None else None
-        if prober is None:
-            return
-        want = self.pinned is None and self._faster_would_matter(bw, rtt, preds, common)
-        prober.want_more = want
-        # a close call (a link 1.5x as fast would change it) is worth the link's share of probes;
-        # a distant one, a tenth of what the frames would cost in the cloud
-        close = want and self._faster_would_matter(bw, rtt, preds, common, factor=1.5)
-        prober.budget_bps = None if close else self._probe_budget_bps()
-
     # ------------------------------------------------------------------ frames
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> FrameResult:
         """One frame. Never raises for cloud trouble: the frame is finished locally instead."""
@@ -384,7 +350,9 @@ class EdgeAgent:
         if self.link is not None and self.link.prober is not None:
             # after this frame's send has started (its first wait): on a CPU-quota device the
             # frame's own CPU before the send is its latency, and the prober's settings can wait
-            asyncio.get_running_loop().call_soon(self._steer_prober, bw, rtt, preds, common)
+            asyncio.get_running_loop().call_soon(functools.partial(
+                self.probing.steer, self.link.prober, bw, rtt, preds, common,
+                frame_interval_ms=self.frame_interval_ms, pinned=self.pinned is not None))
         # Exploring between the all-cloud and the all-edge candidate races them: the frame goes to
         # the cloud and the device starts it at once, the first result wins, and both are measured.
         # Exploring thus costs device time, not latency (and is not done while the device is full).
@@ -512,7 +480,3 @@ class EdgeAgent:
         finally:
             self.frame_interval_ms = before
 
-
-def _argmin(xs: Sequence[float]) -> int:
-    """The first index of the smallest (numpy's argmin costs more than the choice on a few candidates)."""
-    return min(range(len(xs)), key=xs.__getitem__)
