@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from ..splitter.plan import Plan
 from ..transport.bandwidth import BandwidthMonitor, queued_bytes
 from ..codecs import Encoded
 from .breaker import CircuitBreaker
-from .controller import Choice, Controller, DeviceLoad
+from .controller import Choice, Controller, DeviceLoad, Evidence
 from .device import Device
 from .encoding import CutEncoder
 from .link import CloudLink
@@ -107,7 +107,7 @@ class EdgeAgent:
         self.sizes = InputSizes(self.plan, self.controller, self.encoder.encode)
         self._input_only = self.sizes.input_only
         self._whole = self._whole_index()  # the all-edge candidate that runs the whole model, if any
-        if self._whole is not None and self._input_only:  # exploring between these is raced (_process_frame)
+        if self._whole is not None and self._input_only:  # exploring between these is raced (_decide)
             # (the whole model from an all-cloud choice; an all-cloud candidate from any)
             self.controller.cheap_explore = {self._whole: frozenset(self._input_only),
                                              **dict.fromkeys(self._input_only)}
@@ -321,16 +321,9 @@ class EdgeAgent:
         backlog = queued_bytes(frames, bw) * ms_per_byte
         return cloud_ok, bw, backlog, (queued_bytes(frames + probes, bw) * ms_per_byte - backlog if probes else 0.0)
 
-    async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],
-                             captured: float | None = None) -> FrameResult:
-        # latency counts from the frame's capture (time waiting for a free pipeline slot included)
-        t0 = captured if captured is not None else time.perf_counter()
-        now = time.monotonic()
-        encoded: dict[int, dict[str, Encoded]] = {}
-        if self.pinned is None:
-            # the first frame: a few ms, once (the encoding is reused if the frame goes that way)
-            encoded = self.sizes.encode(self.sizes.due(only_unmeasured=True), inputs)
-            self.sizes.observe(encoded)
+    def _decide(self, now: float) -> _Decision:
+        """The frame's candidate from the live conditions (the link, the device's queue, the
+        evidence), whether it explores and whether that is raced; the prober is told after."""
         cloud_ok, bw, backlog_ms, probe_ms = self._conditions()
         # what every prediction for this frame is made from, taken once (see controller.Evidence)
         ev = self.controller.evidence(now, default_ratio=self._prior_ratio)
@@ -376,6 +369,24 @@ class EdgeAgent:
                       "device_wait_ms": load.wait_ms, "frame_interval_ms": load.interval_ms if math.isfinite(load.interval_ms) else None, "cloud_ok": cloud_ok,
                       "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
                       "cloud_error": None if self.connected else self.last_error}
+        return _Decision(i, explore, race, preds, model, cloud_ok, ev, load, conditions)
+
+    async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],
+                             captured: float | None = None) -> FrameResult:
+        # latency counts from the frame's capture (time waiting for a free pipeline slot included)
+        t0 = captured if captured is not None else time.perf_counter()
+        now = time.monotonic()
+        encoded: dict[int, dict[str, Encoded]] = {}
+        if self.pinned is None:
+            # the first frame: a few ms, once (the encoding is reused if the frame goes that way)
+            encoded = self.sizes.encode(self.sizes.due(only_unmeasured=True), inputs)
+            self.sizes.observe(encoded)
+        d = self._decide(now)
+        i, explore, race, preds, model, cloud_ok = d.index, d.explore, d.race, d.preds, d.model, d.cloud_ok
+        ev, load, conditions = d.evidence, d.load, d.conditions
+        whole = self._whole
+        pred = preds[i]
+        cand = self.plan.candidates[i]
         timings = {"edge_ms": 0.0, "encode_ms": 0.0, "transfer_ms": 0.0, "cloud_queue_ms": 0.0,
                    "cloud_compute_ms": 0.0, "local_ms": 0.0, "total_ms": 0.0}
         eout: dict[str, np.ndarray] = {}
@@ -480,3 +491,17 @@ class EdgeAgent:
         finally:
             self.frame_interval_ms = before
 
+
+class _Decision(NamedTuple):
+    """What :meth:`EdgeAgent._decide` settled for a frame: the candidate, whether it explores (raced
+    between the cloud and the device), every candidate's predicted ms and the model's part of it
+    (before the residuals), whether the cloud may be asked, the evidence and the device's load."""
+    index: int
+    explore: bool
+    race: bool
+    preds: list[float]
+    model: list[float]
+    cloud_ok: bool
+    evidence: Evidence
+    load: DeviceLoad
+    conditions: dict[str, Any]  # what the choice was made from, for logs and dashboards
