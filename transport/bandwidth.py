@@ -29,10 +29,10 @@ until the measured rate stops growing (less than 25 % over two rounds), a probe 
 ``probe_ms`` to cross (it timed the link itself) or the largest probe is reached; then it rests
 until its bytes are within the share, and at least ``ramp_every_s``. A link slow enough for a
 probe to time is not ramped on. Until the caller's first word, one ramp measures a new link and
-then the probes are as if a faster link would not matter. When the estimate falls below ``fall_ratio`` of its highest in the
-last ``recall_s`` (a late frame's ceiling, a probe caught in a stall) and a faster link would
-matter, recovery probes go ``recovery_s`` after the fall, then twice as far apart each time,
-whatever the share or budget: most such falls are a mobile link's outage of a second or two, and
+then the probes are as if a faster link would not matter. When the estimate falls below
+``fall_ratio`` of its highest in the last ``recall_s`` (a late frame's ceiling, a probe caught in
+a stall) and a faster link would matter, recovery probes go ``recovery_s`` after the fall, then
+twice as far apart each time, whatever the share or budget: most such falls are a mobile link's outage of a second or two, and
 the budget alone (a tenth of what the frames would send: a 48 KB probe every ~160 s beside a 1.5 KB
 bottleneck) left an agent on the device for 5-10 s after the link came back, on every outage of
 a trace (demo detector, ATT-LTE-driving-2016: ~18 ms a frame of its 198). A fall that stays costs
