@@ -771,9 +771,11 @@ def test_edge_run_command_against_cloud_serve(yolo_plan, tmp_path):
             text += line
         port = re.search(r"edge: tcp://127.0.0.1:(\d+)", text).group(1)
         out = tmp_path / "r.jsonl"
+        # a device 8x slower than the cloud (as a camera's is): a hedge on it cannot beat the cloud's
+        # reply unless the cloud stalls (with equal speeds the device won a hedge now and then)
         p = subprocess.run([sys.executable, "-m", "splitinfer", "edge", "run", str(yolo_plan), "--cloud",
                             f"tcp://127.0.0.1:{port}", "--frames", "6", "--candidate", "cloud", "--out", str(out),
-                            "--json"], capture_output=True, text=True, timeout=120)
+                            "--emulate-slowdown", "8", "--json"], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         summary = json.loads(p.stdout.strip().splitlines()[-1])
         assert summary["frames"] == 6 and summary["cuts"] == {"cloud": 6} and summary["fallbacks"] == 0
