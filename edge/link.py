@@ -184,7 +184,7 @@ class CloudLink:
                 backoff = 0.1
                 self.channel = ch
                 self._up.set()
-                self.prober = prober = ActiveProber(self.monitor, ch.send)
+                self.prober = prober = ActiveProber(self.monitor, ch.send, busy=lambda: bool(self._pending))
                 self._probe_task = asyncio.ensure_future(prober.run())
                 try:
                     await self._read(ch)

@@ -247,15 +247,17 @@ def test_an_unanswered_probe_bounds_the_rate():
     assert bound < mon.estimate_mbps()
 
 
-def probe_an_idle_link(prober, mon, now, mbps, seconds, rtt_s=0.03, sizes=None):
+def probe_an_idle_link(prober, mon, now, mbps, seconds, rtt_s=0.03, sizes=None, times=None):
     """Run ``prober`` against a simulated idle link of ``mbps`` for ``seconds`` (``now``: the shared
     fake clock, in a list); each probe is answered after its bytes crossed and an RTT. The bytes
-    sent (each probe's size appended to ``sizes``)."""
+    sent (each probe's size appended to ``sizes``, the time it went to ``times``)."""
     pending = []  # (answer at, pong)
 
     async def send(ping):
         if sizes is not None:
             sizes.append(ping.padding)
+        if times is not None:
+            times.append(now[0])
         seconds_on_link = ping.padding * 8 / (mbps * 1e6)
         pending.append((now[0] + seconds_on_link + rtt_s,
                         wire.Pong(ping.seq, now[0], recv_ms=seconds_on_link * 1e3, nbytes=ping.padding)))
@@ -388,6 +390,27 @@ def test_a_new_link_is_measured_at_once_then_probes_wait_for_the_callers_word(mb
     prober.want_more = True  # the caller's word: steady probes at the share of the rate again
     probe_an_idle_link(prober, mon, now, mbps, 10.0, sizes=sizes)
     assert max(sizes[-3:]) == prober.probe_size() > prober.min_probe_bytes or mbps < 10
+
+
+@pytest.mark.parametrize("busy_at_s", [0.0, 0.12])
+def test_a_ramp_waits_while_the_callers_requests_are_on_the_link(busy_at_s):
+    """A ramp's probes double to 2 MB back to back; at connect they went out beside the first
+    frames (an edge's first frames on loopback were hedged on the device now and then). Now a ramp
+    neither starts nor goes on while ``busy`` says a request is waiting (here for 3 s, from the
+    start or from the ramp's third round), no probe is over ``min_probe_bytes`` meanwhile, and once
+    it clears the ramp measures the link as before."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    prober = ActiveProber(mon, None, busy=lambda: busy_at_s <= now[0] < busy_at_s + 3.0)
+    sizes, times = [], []
+    probe_an_idle_link(prober, mon, now, 2000.0, 8.0, sizes=sizes, times=times)
+    during = [n for n, t in zip(sizes, times) if busy_at_s <= t < busy_at_s + 3.0]
+    before = [n for n, t in zip(sizes, times) if t < busy_at_s]
+    assert all(n <= prober.min_probe_bytes for n in during), (sizes, times)
+    assert len(before) == (3 if busy_at_s else 0)  # (the ramp was under way when the request came)
+    assert prober.ramps == 1 and max(sizes) == prober.max_probe_bytes  # it went on afterwards
+    assert min(t for n, t in zip(sizes, times) if n == prober.max_probe_bytes) >= busy_at_s + 3.0
+    assert abs(mon.raw_mbps() - 2000.0) < 0.3 * 2000.0
 
 
 def test_a_link_that_comes_back_after_an_outage_is_found_within_seconds():

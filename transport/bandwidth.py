@@ -229,13 +229,20 @@ class ActiveProber:
     so they use at most ``share`` of the estimated rate, and at most ``budget_bps`` when the caller
     sets one; otherwise, and where the share or the budget would space them further apart, one
     goes every ``max_interval_s`` (a dead or slow link is retried, a recovered one found), of
-    ``min_probe_bytes`` only while a faster link would not matter."""
+    ``min_probe_bytes`` only while a faster link would not matter. A ramp (probes doubling up to
+    ``max_probe_bytes``) starts and goes on only while ``busy`` (if given) says none of the
+    caller's requests is waiting for an answer; meanwhile a steady probe is of ``min_probe_bytes``."""
 
     def __init__(self, monitor: BandwidthMonitor, send: Callable[[Ping], Awaitable[object]], *,
                  idle_s: float = 0.5, probe_ms: float = 60.0, share: float = 0.1,
                  min_probe_bytes: int = 48 * 1024, max_probe_bytes: int = 2 << 20,
-                 max_interval_s: float = 10.0, ramp_every_s: float = 10.0) -> None:
+                 max_interval_s: float = 10.0, ramp_every_s: float = 10.0,
+                 busy: Callable[[], bool] | None = None) -> None:
         self.monitor, self.send = monitor, send
+        # the caller's word that its own data is on the link now (requests not yet answered): a
+        # ramp waits for it to clear, and a steady probe is of min_probe_bytes meanwhile, instead
+        # of 2 MB beside those requests
+        self.busy = busy
         self.idle_s, self.probe_ms, self.share = idle_s, probe_ms, share
         self.min_probe_bytes, self.max_probe_bytes = min_probe_bytes, max_probe_bytes
         self.max_interval_s = max_interval_s
@@ -365,8 +372,9 @@ class ActiveProber:
         fallen = self._fallen(now)  # (kept up to date every tick)
         if self._inflight:
             return False
+        busy = self.busy is not None and self.busy()
         if self.ramping:
-            return True
+            return not busy
         if fallen and self.want_more and self._fell_at is not None and self.monitor.idle_s() >= self.idle_s \
                 and now - max(self._fell_at, self._last_probe) >= self.recovery_s * 2 ** self._recoveries:
             self._recoveries += 1
@@ -377,7 +385,7 @@ class ActiveProber:
         # on a slow link it measured nothing a steady probe does not, at 7x the bytes, and its debt
         # held the steady probes off for ~30 s at 0.8 Mbit/s while the call was close
         fast = self.last_probe_s < self.probe_ms / 1e3
-        if paid and fast and self.want_more and now >= self._ramp_rest_until:
+        if paid and fast and self.want_more and now >= self._ramp_rest_until and not busy:
             self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
             return True
         if self.monitor.idle_s() < self.idle_s:
@@ -391,7 +399,9 @@ class ActiveProber:
         # while a faster link would not matter, a probe need only find a slower one (or a dead
         # one): the smallest size the monitor times does that (on loopback the full size, 2 MB
         # every max_interval_s, was ~300 KB of uplink a frame beside the frames' own)
-        size = self._ramp_size if self.ramping else self.probe_size() if self.want_more else self.min_probe_bytes
+        busy = self.busy is not None and self.busy()
+        size = (self._ramp_size if self.ramping else self.probe_size() if self.want_more and not busy
+                else self.min_probe_bytes)
         self._repay(now)
         self._debt += size
         self._last_probe = now
