@@ -413,6 +413,20 @@ def test_a_ramp_waits_while_the_callers_requests_are_on_the_link(busy_at_s):
     assert abs(mon.raw_mbps() - 2000.0) < 0.3 * 2000.0
 
 
+def test_a_ramp_held_off_by_requests_that_never_clear_ends_and_probes_go_on():
+    """A pipeline that always has a request waiting (frames back to back) would hold a ramp off for
+    ever, and no probe would go at all; after ``max_interval_s`` the ramp ends and the steady
+    probes (48 KB while busy) go on."""
+    now = [0.0]
+    mon = BandwidthMonitor(clock=lambda: now[0])
+    prober = ActiveProber(mon, None, busy=lambda: now[0] >= 0.12)
+    sizes, times = [], []
+    probe_an_idle_link(prober, mon, now, 2000.0, 30.0, sizes=sizes, times=times)
+    assert prober.ramps == 1 and not prober.ramping
+    later = [n for n, t in zip(sizes, times) if t > prober.max_interval_s]
+    assert later and all(n == prober.min_probe_bytes for n in later), (sizes, times)
+
+
 def test_a_link_that_comes_back_after_an_outage_is_found_within_seconds():
     """A late frame during a 1-s outage sets a ceiling of 0.2 Mbit/s on a 4 Mbit/s link; the
     link is back at once. The budget (300 B/s, a tenth of a 1.5 KB bottleneck's frames at 2 fps)

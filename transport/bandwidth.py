@@ -374,7 +374,15 @@ class ActiveProber:
             return False
         busy = self.busy is not None and self.busy()
         if self.ramping:
-            return not busy
+            if not busy:
+                return True
+            if now - self._last_probe < self.max_interval_s:
+                return False
+            # held off that long, the caller's requests keep the link busy (and time it): the ramp
+            # ends, and the steady rules below hold (a dead link is still retried)
+            self._ramp_size = 0
+            self.ramps += 1
+            self._ramp_rest_until = now + self.ramp_every_s
         if fallen and self.want_more and self._fell_at is not None and self.monitor.idle_s() >= self.idle_s \
                 and now - max(self._fell_at, self._last_probe) >= self.recovery_s * 2 ** self._recoveries:
             self._recoveries += 1
