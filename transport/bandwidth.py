@@ -340,11 +340,17 @@ class ActiveProber:
             self._ramp_stalls += 1
         timed = self.last_probe_s >= self.probe_ms / 1e3  # a probe this long measured the link itself
         if self._ramp_stalls >= 2 or self._ramp_size >= self.max_probe_bytes or not self.want_more or timed:
-            self._ramp_size = 0
-            self.ramps += 1
-            self._ramp_rest_until = now + self.ramp_every_s
+            self._end_ramp(now)
         else:
             self._ramp_size = min(self._ramp_size * 2, self.max_probe_bytes)
+
+    def _end_ramp(self, now: float) -> None:
+        self._ramp_size = 0
+        self.ramps += 1
+        self._ramp_rest_until = now + self.ramp_every_s
+
+    def _busy(self) -> bool:
+        return self.busy is not None and self.busy()
 
     def _fallen(self, now: float) -> bool:
         """Whether the estimate is below ``fall_ratio`` of its highest in the last ``recall_s``
@@ -372,7 +378,7 @@ class ActiveProber:
         fallen = self._fallen(now)  # (kept up to date every tick)
         if self._inflight:
             return False
-        busy = self.busy is not None and self.busy()
+        busy = self._busy()
         if self.ramping:
             if not busy:
                 return True
@@ -380,9 +386,7 @@ class ActiveProber:
                 return False
             # held off that long, the caller's requests keep the link busy (and time it): the ramp
             # ends, and the steady rules below hold (a dead link is still retried)
-            self._ramp_size = 0
-            self.ramps += 1
-            self._ramp_rest_until = now + self.ramp_every_s
+            self._end_ramp(now)
         if fallen and self.want_more and self._fell_at is not None and self.monitor.idle_s() >= self.idle_s \
                 and now - max(self._fell_at, self._last_probe) >= self.recovery_s * 2 ** self._recoveries:
             self._recoveries += 1
@@ -407,8 +411,7 @@ class ActiveProber:
         # while a faster link would not matter, a probe need only find a slower one (or a dead
         # one): the smallest size the monitor times does that (on loopback the full size, 2 MB
         # every max_interval_s, was ~300 KB of uplink a frame beside the frames' own)
-        busy = self.busy is not None and self.busy()
-        size = (self._ramp_size if self.ramping else self.probe_size() if self.want_more and not busy
+        size = (self._ramp_size if self.ramping else self.probe_size() if self.want_more and not self._busy()
                 else self.min_probe_bytes)
         self._repay(now)
         self._debt += size
