@@ -200,10 +200,10 @@ def test_the_prober_remembers_what_it_sent_and_when_it_was_answered():
     prober = ActiveProber(m, send)
     asyncio.run(prober.probe())
     now[0] = 100.5
-    assert prober.recent_sends() == [(pytest.approx(0.5), prober.min_probe_bytes, None)]
-    prober.on_pong(Pong(sent[0].seq, sent[0].sent_at, recv_ms=400.0, nbytes=prober.min_probe_bytes))
+    assert prober.recent_sends() == [(pytest.approx(0.5), prober.floor_bytes(), None)]
+    prober.on_pong(Pong(sent[0].seq, sent[0].sent_at, recv_ms=400.0, nbytes=sent[0].padding))
     now[0] = 101.0
-    assert prober.recent_sends() == [(pytest.approx(1.0), prober.min_probe_bytes, pytest.approx(0.5))]
+    assert prober.recent_sends() == [(pytest.approx(1.0), sent[0].padding, pytest.approx(0.5))]
 
 
 def test_bytes_sent_long_enough_ago_are_through_the_link():

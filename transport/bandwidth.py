@@ -4,8 +4,9 @@ The estimator follows adaptive-bitrate players (Shaka, dash.js): each throughput
 (bytes, and the seconds it took from first to last byte at the receiver) feeds two exponentially
 weighted moving averages whose weight is the sample's transfer time, one fast and one slow. The
 estimate is the minimum of the two (quick to fall, slow to believe a rise), bias-corrected while
-little weight has accumulated, times a safety factor. Samples from tiny frames are left out of
-the throughput (their timing is noise) but still give RTT. A transfer too fast to time (under
+little weight has accumulated, times a safety factor. Samples from small frames are left out of
+the throughput (their timing is noise) but still give RTT, unless the link spread one over
+``min_timed_s`` (then its timing is the link's). A transfer too fast to time (under
 ``min_sample_s``) is a lower bound, not nothing: the link carried at least its bytes in that
 time. While no timed sample says otherwise, the estimate is at least the freshest such bound, so a
 fast link (loopback, a LAN) is not left at the prior. The other way round, a small frame that came
@@ -28,7 +29,7 @@ link is found, as TCP slow start and BBR's startup do: back-to-back probes, each
 until the measured rate stops growing (less than 25 % over two rounds), a probe takes
 ``probe_ms`` to cross (it timed the link itself) or the largest probe is reached; then it rests
 until its bytes are within the share, and at least ``ramp_every_s``. A link slow enough for a
-probe to time is not ramped on. Until the caller's first word, one ramp measures a new link and
+probe to time is not ramped on, by the last probe or by the estimate (frames timed since). Until the caller's first word, one ramp measures a new link and
 then the probes are as if a faster link would not matter. When the estimate falls below
 ``fall_ratio`` of its highest in the last ``recall_s`` (a late frame's ceiling, a probe caught in
 a stall) and a faster link would matter, recovery probes go ``recovery_s`` after the fall, then
@@ -89,13 +90,18 @@ class BandwidthMonitor:
 
     def __init__(self, *, fast_half_life_s: float = 0.25, slow_half_life_s: float = 0.6, safety: float = 0.9,
                  min_sample_bytes: int = 32 * 1024, min_sample_s: float = 0.002, default_mbps: float = 5.0,
-                 stale_after_s: float = 0.5,
+                 stale_after_s: float = 0.5, min_timed_bytes: int = 8 * 1024, min_timed_s: float = 0.02,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.fast = Ewma(fast_half_life_s)
         self.slow = Ewma(slow_half_life_s)
         self.safety = safety  # share of the measured rate the estimate promises
         self.min_sample_bytes = min_sample_bytes  # smaller transfers do not count as throughput
         self.min_sample_s = min_sample_s  # nor faster ones: the frame was buffered, not timed on the wire
+        # a smaller transfer of at least min_timed_bytes that took min_timed_s is timed all the same:
+        # the link, not the timer's noise, spread it (an 18 KB frame at 1.5 Mbit/s takes ~100 ms;
+        # left out, the estimate of a link that carried only such frames moved only with the probes)
+        self.min_timed_bytes = min_timed_bytes
+        self.min_timed_s = min_timed_s
         self.default_mbps = default_mbps  # before the first sample
         self.stale_after_s = stale_after_s  # after this long without samples, old ones lose weight
         self.clock = clock
@@ -119,8 +125,10 @@ class BandwidthMonitor:
         """A transfer of ``nbytes`` that took ``seconds`` first to last byte. False if ignored.
 
         One faster than ``min_sample_s`` is a lower bound (its bytes in ``min_sample_s``): the
-        estimate is at least that until a timed sample comes or the bound is ``floor_ttl_s`` old."""
-        if nbytes < self.min_sample_bytes:
+        estimate is at least that until a timed sample comes or the bound is ``floor_ttl_s`` old.
+        One smaller than ``min_sample_bytes`` counts only if it is at least ``min_timed_bytes`` and
+        took at least ``min_timed_s``."""
+        if nbytes < self.min_sample_bytes and not (nbytes >= self.min_timed_bytes and seconds >= self.min_timed_s):
             return False
         now = self.clock() if at is None else at
         if seconds < self.min_sample_s:
@@ -224,14 +232,16 @@ class ActiveProber:
     ``send`` sends a :class:`Ping`; the caller routes the peer's :class:`Pong` to
     :meth:`on_pong`. A probe goes out when the monitor has had no throughput sample for
     ``idle_s``; it carries ``probe_ms`` worth of the estimated rate (at least
-    ``min_probe_bytes``, the monitor's smallest throughput sample and a margin). While
+    :meth:`floor_bytes`: ``min_probe_bytes``, the monitor's smallest bulk sample and a margin, or
+    on a link slower than that in ``probe_ms`` the rate's ``probe_ms``, down to the monitor's
+    ``min_timed_bytes``). While
     ``want_more`` (the caller's word that a faster link would change its choice), probes are spaced
     so they use at most ``share`` of the estimated rate, and at most ``budget_bps`` when the caller
     sets one; otherwise, and where the share or the budget would space them further apart, one
     goes every ``max_interval_s`` (a dead or slow link is retried, a recovered one found), of
-    ``min_probe_bytes`` only while a faster link would not matter. A ramp (probes doubling up to
+    the floor only while a faster link would not matter. A ramp (probes doubling up to
     ``max_probe_bytes``) starts and goes on only while ``busy`` (if given) says none of the
-    caller's requests is waiting for an answer; meanwhile a steady probe is of ``min_probe_bytes``."""
+    caller's requests is waiting for an answer; meanwhile a steady probe is of the floor."""
 
     def __init__(self, monitor: BandwidthMonitor, send: Callable[[Ping], Awaitable[object]], *,
                  idle_s: float = 0.5, probe_ms: float = 60.0, share: float = 0.1,
@@ -254,6 +264,7 @@ class ActiveProber:
         # the last probes, answered or not: [sent at, bytes, answered at (None: not yet)] (see recent_sends)
         self._history: deque[list[float | None]] = deque(maxlen=16)
         self.last_probe_mbps = 0.0
+        self._last_pong_at = -math.inf  # when the last probe's answer was taken as a sample
         self.last_probe_s = 0.0  # how long the last answered probe took to cross (0: none yet)
         # the ramp (slow start): on while the caller says a higher rate would matter; until it
         # says anything, one ramp measures a new link at once and then the probes wait for its word
@@ -311,12 +322,25 @@ class ActiveProber:
                 for at, n, done in self._history]
 
     def _rate_bps(self) -> float:
-        # a probe that measured more than the (smoothed) estimate sizes the next one: probe up fast
+        # a probe that measured more than the (smoothed) estimate sizes the next one: probe up fast;
+        # not once frames were timed after it (the link fell since: a 20 Mbit/s probe's rate sized
+        # a 150 KB probe on the demo's 1.5 Mbit/s stretch, 0.8 s ahead of the next frame)
+        if self.monitor.last_sample_at > self._last_pong_at:
+            return self.monitor.raw_mbps() * 1e6 / 8
         return max(self.monitor.raw_mbps(), self.last_probe_mbps) * 1e6 / 8
+
+    def floor_bytes(self) -> int:
+        """The smallest probe: ``min_probe_bytes``, or where the estimate says that takes longer
+        than ``probe_ms``, the rate's ``probe_ms`` (at least the monitor's ``min_timed_bytes``),
+        which the monitor times all the same: a 48 KB probe holds the frame behind it 260 ms at
+        1.5 Mbit/s, 650 ms at 0.6, where an 11 KB one takes 60 ms (a link that got faster makes it
+        too quick to time: its rate sizes the next probe, see ``_rate_bps``)."""
+        bps = self.monitor.raw_mbps() * 1e6 / 8
+        return int(min(self.min_probe_bytes, max(self.monitor.min_timed_bytes, bps * self.probe_ms / 1e3)))
 
     def probe_size(self) -> int:
         bps = self._rate_bps()
-        return int(min(self.max_probe_bytes, max(self.min_probe_bytes, bps * self.probe_ms / 1e3)))
+        return int(min(self.max_probe_bytes, max(self.floor_bytes(), bps * self.probe_ms / 1e3)))
 
     def _repay(self, now: float) -> float:
         """The probes' bytes not yet covered by ``share`` of the estimated rate (or ``budget_bps``
@@ -396,7 +420,11 @@ class ActiveProber:
         # a ramp is for a link too fast for a probe to time (the last one crossed in under probe_ms):
         # on a slow link it measured nothing a steady probe does not, at 7x the bytes, and its debt
         # held the steady probes off for ~30 s at 0.8 Mbit/s while the call was close
-        fast = self.last_probe_s < self.probe_ms / 1e3
+        # (and the estimate agrees: frames timed since the last probe can say the link fell to where
+        # a probe would time it; a 48 KB ramp probe at 1.5 Mbit/s held the frame behind it 260 ms)
+        fast = self.last_probe_s < self.probe_ms / 1e3 and (
+            self.monitor.samples == 0  # (the prior is no measurement: a new link is ramped on)
+            or self.min_probe_bytes * 8 / max(self.monitor.raw_mbps() * 1e6, 1.0) < self.probe_ms / 1e3)
         if paid and fast and self.want_more and now >= self._ramp_rest_until and not busy:
             self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
             return True
@@ -412,7 +440,7 @@ class ActiveProber:
         # one): the smallest size the monitor times does that (on loopback the full size, 2 MB
         # every max_interval_s, was ~300 KB of uplink a frame beside the frames' own)
         size = (self._ramp_size if self.ramping else self.probe_size() if self.want_more and not self._busy()
-                else self.min_probe_bytes)
+                else self.floor_bytes())
         self._repay(now)
         self._debt += size
         self._last_probe = now
@@ -434,6 +462,7 @@ class ActiveProber:
         self.last_probe_mbps = pong.nbytes * 8 / seconds / 1e6
         self.last_probe_s = pong.recv_ms / 1e3
         self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
+        self._last_pong_at = self.monitor.last_sample_at
         self.monitor.add_rtt((now - pong.sent_at) * 1e3 - pong.recv_ms)
         if ours and self.ramping:
             self._ramp_round(self.last_probe_mbps, now)
