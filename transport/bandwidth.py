@@ -424,7 +424,7 @@ class ActiveProber:
         # a probe would time it; a 48 KB ramp probe at 1.5 Mbit/s held the frame behind it 260 ms)
         fast = self.last_probe_s < self.probe_ms / 1e3 and (
             self.monitor.samples == 0  # (the prior is no measurement: a new link is ramped on)
-            or self.min_probe_bytes * 8 / max(self.monitor.raw_mbps() * 1e6, 1.0) < self.probe_ms / 1e3)
+            or self.floor_bytes() == self.min_probe_bytes)  # (a slower link's floor is under it)
         if paid and fast and self.want_more and now >= self._ramp_rest_until and not busy:
             self._ramp_size, self._ramp_best, self._ramp_stalls = self.min_probe_bytes, 0.0, 0
             return True
