@@ -12,7 +12,9 @@ ratio). On top of it:
   ``explore_margin`` of the best, is used for one frame to re-measure it (each candidate less
   often while it is not chosen and comes no closer to the choice: up to 4x; ``explore_margin_costly``
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
-  candidates, ``cheap_explore``, but not split cuts);
+  candidates, ``cheap_explore``, but not split cuts); early looks, from ``explore_quick_s`` after
+  the last exploration, explore a candidate that the exploration's view puts level with the choice
+  (raced) or below it by the hysteresis, no more often than its back-off allows;
 * the cloud's reports (compute, queue) averaged over time, not over a count of frames, so a
   candidate re-measured after a pause is judged by the new measurement; a report not refreshed
   fades back to the profile within seconds (bad news from a cold start does not hold the cloud
@@ -147,6 +149,14 @@ class Controller:
         self.explore_closer = 0.75
         self._backoff = [1.0] * n
         self._explored_rel = [math.inf] * n
+        # an early look: from explore_quick_s after the last exploration (every explore_quick_s / 2),
+        # a candidate the exploration's view puts below the choice by the hysteresis is explored
+        # once it has not run for explore_quick_s, no more often than its back-off allows since it
+        # was last explored (a device slowed for a moment held the whole model off for ~5 s of
+        # cloud frames twice as slow: exploration's view had it back below the cloud within ~2 s)
+        self.explore_quick_s = 1.0
+        self._last_look = -math.inf
+        self._explored_at = [-math.inf] * n
 
     # ------------------------------------------------------------------ observations
     def observe_edge(self, i: int, ms: float, now: float | None = None, raced: bool = False) -> None:
@@ -336,9 +346,10 @@ class Controller:
         # cold start, a stalled device) is measured again instead of being ruled out until it expires.
         # Taken only when an exploration is due: it was ~60 of the choice's ~130 us a frame, and
         # on a CPU-quota device the frame's own CPU before its send is what its latency pays for
+        due = self.exploration_due(now)
         faded = self.predict(bandwidth_mbps, rtt_ms, evidence=self.evidence(now, True, default_ratio),
-                             **common) if self.exploration_due(now) else pred  # type: ignore[arg-type]
-        i, explore, unexplored = self._standing(pred, now, idx, ev.ratios, faded)
+                             **common) if due else pred  # type: ignore[arg-type]
+        i, explore, unexplored = self._standing(pred, now, idx, ev.ratios, faded, due)
         detour = self.policy == "latency" and transient_ms > 0 and i == self.current
         if detour and not self.cm.local[i]:
             fpred, fbase = self.predict_parts(bandwidth_mbps, rtt_ms, backlog_ms=backlog_ms + transient_ms,
@@ -354,7 +365,11 @@ class Controller:
     def exploration_due(self, now: float) -> bool:
         """Whether :meth:`choose` at ``now`` looks for a candidate to explore (every
         ``explore_every_s``; the first look waits that long after the first choice)."""
-        return self._last_explore is not None and now - self._last_explore >= self.explore_every_s
+        if self._last_explore is None:
+            return False
+        since = now - self._last_explore
+        return since >= self.explore_every_s or (since >= self.explore_quick_s
+                                                 and now - self._last_look >= self.explore_quick_s / 2)
 
     def _cheap(self, i: int, choice: int) -> bool:
         """Whether exploring ``i`` from the standing ``choice`` risks no frame (a race). (The
@@ -380,11 +395,12 @@ class Controller:
             * self.explore_margin_costly
 
     def _standing(self, pred: list[float], now: float, idx: list[int], ratios: Sequence[float],
-                  faded: Sequence[float] | None = None) -> tuple[int, bool, int]:
+                  faded: Sequence[float] | None = None, due: bool | None = None) -> tuple[int, bool, int]:
         """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration
         (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded):
         the candidate, whether it is explored, and what the choice would have been without exploring.
-        ``ratios``: each candidate's wire/raw byte ratio (the bytes policy)."""
+        ``ratios``: each candidate's wire/raw byte ratio (the bytes policy); ``due``: whether a look
+        for a candidate to explore is due (:meth:`exploration_due`, as :meth:`choose` read it)."""
         faded = pred if faded is None else faded
         if self.policy == "bytes":
             within = [i for i in idx if pred[i] <= self.budget]  # type: ignore[operator]
@@ -404,7 +420,9 @@ class Controller:
         unexplored = choice
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
-        if now - self._last_explore >= self.explore_every_s:
+        since = now - self._last_explore
+        if self.exploration_due(now) if due is None else due:
+            self._last_look = now
             # closer by the standing view: the exploration's view comes closer by itself as evidence
             # fades, and reset the back-off at every look (a 0.1-core device raced the whole model
             # every 5-10 s at 4x the cloud's time, each race ~270 ms of its CPU)
@@ -412,14 +430,20 @@ class Controller:
             for i in idx:  # come closer to the choice since it was explored: worth a look again soon
                 if rel[i] < self.explore_closer * self._explored_rel[i]:
                     self._backoff[i] = 1.0
-            stale = [i for i in idx if i != choice
-                     and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if self._cheap(i, choice)
+            full = since >= self.explore_every_s
+            stale = [i for i in idx if i != choice and (
+                full and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if self._cheap(i, choice)
                                                                    else self.explore_margin_costly)
-                     and now - self._last_used[i] >= self.explore_every_s * self._backoff[i]]
+                and now - self._last_used[i] >= self.explore_every_s * self._backoff[i]
+                # an early look: a candidate that exploration's view puts level with the choice (a
+                # race: it costs device time) or below it by the hysteresis, not run for a moment
+                or min(pred[i], faded[i]) < pred[choice] * (1.0 if self._cheap(i, choice) else 1 - self.hysteresis)
+                and now - self._last_used[i] >= self.explore_quick_s
+                and now - self._explored_at[i] >= self.explore_every_s * self._backoff[i])]
             if stale:
                 choice = min(stale, key=lambda i: self._last_used[i])
                 explore = True
-                self._last_explore = now
+                self._last_explore = self._explored_at[choice] = now
                 self._explored_rel[choice] = rel[choice]
                 self._backoff[choice] = min(2 * self._backoff[choice], self.explore_backoff_max)
         if not explore and choice != self.current:
