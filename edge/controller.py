@@ -149,7 +149,7 @@ class Controller:
         self.explore_closer = 0.75
         self._backoff = [1.0] * n
         self._explored_rel = [math.inf] * n
-        # an early look: from explore_quick_s after the last exploration (every explore_quick_s / 2),
+        # an early look: from explore_quick_s after the last exploration (every explore_quick_s),
         # a candidate the exploration's view puts below the choice by the hysteresis is explored
         # once it has not run for explore_quick_s, no more often than its back-off allows since it
         # was last explored (a device slowed for a moment held the whole model off for ~5 s of
@@ -363,13 +363,15 @@ class Controller:
                       tuple(faded) if faded is not pred else (), ev)
 
     def exploration_due(self, now: float) -> bool:
-        """Whether :meth:`choose` at ``now`` looks for a candidate to explore (every
-        ``explore_every_s``; the first look waits that long after the first choice)."""
+        """Whether :meth:`choose` at ``now`` looks for a candidate to explore: from
+        ``explore_quick_s`` after the last exploration (the first choice, at start-up), once every
+        ``explore_quick_s``. (A look takes the exploration's view, ~60 of the choice's ~130 us;
+        looked for on every frame once ``explore_every_s`` had passed and nothing was worth it, as
+        on a link where the cloud is far ahead, it was a CPU-quota device's ~0.6 ms a frame.)"""
         if self._last_explore is None:
             return False
-        since = now - self._last_explore
-        return since >= self.explore_every_s or (since >= self.explore_quick_s
-                                                 and now - self._last_look >= self.explore_quick_s / 2)
+        every = min(self.explore_quick_s, self.explore_every_s)
+        return now - self._last_explore >= every and now - self._last_look >= every
 
     def _cheap(self, i: int, choice: int) -> bool:
         """Whether exploring ``i`` from the standing ``choice`` risks no frame (a race). (The

@@ -705,11 +705,11 @@ def test_a_candidate_explored_while_the_link_stays_put_is_explored_less_often(yo
 
 def test_a_device_slowed_for_a_moment_is_raced_again_as_soon_as_exploration_sees_it_back(yolo_plan):
     """Measured (1 Mbit/s, a device at ~100 ms a frame, 8 fps): a moment's contention put three
-    whole-model runs at ~2x, above the cloud; the frames went to the cloud at ~200 ms, and the device, back to its
-    usual time at once, was raced again only at the next exploration, ~5 s (37 frames) later. An
-    early look races it once exploration's view (its stale time fading to its usual) puts it below
-    the cloud by the hysteresis: within ~2 s here, and, while the device stays slow, no more often
-    than the back-off allows."""
+    whole-model runs at ~2x, above the cloud; the frames went to the cloud at ~200 ms, and the
+    device, back to its usual time at once, was raced again only at the next exploration, ~5 s
+    (37 frames) later. An early look races it once exploration's view (its stale time fading to
+    its usual) puts it level with the cloud: within ~3 s here (looks come once a second), and,
+    while the device stays slow, no more often than the back-off allows."""
     cm = CostModel.from_plan(Plan.load(yolo_plan))
     edge, cloud = cm.ids.index("edge"), cm.ids.index("cloud")
     c = Controller(cm, explore_every_s=5.0)
@@ -731,9 +731,9 @@ def test_a_device_slowed_for_a_moment_is_raced_again_as_soon_as_exploration_sees
     frames = run(slow_until=20.375, horizon=40.0)
     left = min(t for t, i, _ in frames if t >= 20.0 and i == cloud)
     back = min(t for t, i, x in frames if t > left and i == edge)
-    assert back - left <= 2.5, (left, back)  # not the next exploration's 5 s
+    assert back - left <= 3.0, (left, back)  # not the next exploration's 5 s (a look a second)
     on_cloud = [t for t, i, x in frames if i == cloud and not x]
-    assert on_cloud and max(on_cloud) < left + 2.5, on_cloud
+    assert on_cloud and max(on_cloud) < left + 3.0, on_cloud
     # the device slow for good: early looks come no more often than the back-off allows
     c = Controller(cm, explore_every_s=5.0)
     c.cheap_explore = dict.fromkeys((edge, cloud))
