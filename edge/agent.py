@@ -234,7 +234,7 @@ class EdgeAgent:
                 t = time.perf_counter()
                 out = backend.run(feeds)
                 timed.append((time.perf_counter() - t) * 1e3)
-            self.controller.observe_edge(i, min(timed))
+            self.controller.observe_edge(i, min(timed), warm=True)
             if not cand.local:
                 for k, v in cand.cut_feed(zeros, out).items():
                     self.encoder.encode(i, k, v)
