@@ -3,8 +3,8 @@ every frame, and finishes the frame itself when the cloud is slow or gone. Every
 exactly one result, in order, in one output format wherever it ran.
 
 The concerns live in their own modules: the link and its supervision (``link.py``), the hedged
-remote call (``remote.py``), the device and its queue (``device.py``), the choice
-(``controller.py``), what the bandwidth prober is told (``probing.py``), how each cut is
+remote call (``remote.py``), the device and its queue (``device.py``), the uplink as a frame's
+choice sees it (``uplink.py``), the choice (``controller.py``), what the bandwidth prober is told (``probing.py``), how each cut is
 encoded (``encoding.py``); this class runs one frame through them.
 
 >>> async with EdgeAgent(Plan.load("plans/yolo-n"), cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
@@ -32,7 +32,7 @@ from ..postprocess import postprocess as run_postprocess
 from ..splitter.cost_model import CostModel
 from ..splitter.wire_settings import DEFAULT_MIN_FIDELITY
 from ..splitter.plan import Plan
-from ..transport.bandwidth import BandwidthMonitor, queued_bytes
+from ..transport.bandwidth import BandwidthMonitor
 from ..codecs import Encoded
 from .breaker import CircuitBreaker
 from .controller import Choice, Controller, DeviceLoad, Evidence
@@ -44,6 +44,7 @@ from .probing import ProbeSteering
 from .remote import RACE_LOST, RemoteCall
 from .result import FrameResult
 from .sizes import InputSizes
+from .uplink import uplink_now
 
 __all__ = ["EdgeAgent"]
 
@@ -233,7 +234,7 @@ class EdgeAgent:
                 t = time.perf_counter()
                 out = backend.run(feeds)
                 timed.append((time.perf_counter() - t) * 1e3)
-            self.controller.observe_edge(i, min(timed))
+            self.controller.observe_edge(i, min(timed), warm=True)
             if not cand.local:
                 for k, v in cand.cut_feed(zeros, out).items():
                     self.encoder.encode(i, k, v)
@@ -304,27 +305,10 @@ class EdgeAgent:
             self._spawn(self._sample_sizes_later(inputs, r))
         return r
 
-    def _conditions(self) -> tuple[bool, float, float, float]:
-        """Whether the cloud may be asked, the bandwidth to plan with, the uplink backlog of frames
-        in flight and the probes' part on top of it (ms)."""
-        cloud_ok = self.connected and self.breaker.allows(time.monotonic())
-        bw = self.monitor.estimate_mbps()
-        prober = self.link.prober if self.link is not None else None
-        if prober is not None:  # an overdue probe bounds the rate from above
-            bw = min(bw, prober.rate_bound_mbps(rtt_ms=self.monitor.min_rtt_ms()))
-        if self.remote is not None:  # and so do overdue frames (with the probes in their way)
-            bw = min(bw, self.remote.rate_bound_mbps(probes=self.link.recent_probes() if self.link else ()))
-        # frames and probes still ahead of this one on the uplink
-        frames = self.remote.sends_in_flight() if self.remote is not None else []
-        probes = self.link.probe_sends_in_flight() if self.link is not None else []
-        ms_per_byte = 8 / (max(bw, 1e-3) * 1e3)
-        backlog = queued_bytes(frames, bw) * ms_per_byte
-        return cloud_ok, bw, backlog, (queued_bytes(frames + probes, bw) * ms_per_byte - backlog if probes else 0.0)
-
     def _decide(self, now: float) -> _Decision:
         """The frame's candidate from the live conditions (the link, the device's queue, the
         evidence), whether it explores and whether that is raced; the prober is told after."""
-        cloud_ok, bw, backlog_ms, probe_ms = self._conditions()
+        cloud_ok, bw, backlog_ms, probe_ms = uplink_now(self.monitor, self.link, self.remote, self.breaker)
         # what every prediction for this frame is made from, taken once (see controller.Evidence)
         ev = self.controller.evidence(now, default_ratio=self._prior_ratio)
         load = self._load(ev.edge)

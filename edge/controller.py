@@ -127,7 +127,8 @@ class Controller:
         fading = dict(window_s=self.overhead_window_s, gap_s=gap_s, hold_s=self.stale_hold_s,
                       fade_s=self.stale_fade_s)
         self._overhead = [Runs(lower_quartile, **fading) for _ in range(n)]  # beyond the base RTT
-        self.cold_frames = 2  # per candidate, not counted in its overhead
+        self.cold_frames = 2  # per candidate, not counted in its overhead (device times: upper bounds)
+        self._warmed, self._edge_frames = [False] * n, [0] * n
         self._seen = [0] * n
         # per candidate, what its frames really took beyond the model's prediction (a device's
         # scheduling, decoding, the loop); the median of the run's last frames is added
@@ -149,7 +150,7 @@ class Controller:
         self.explore_closer = 0.75
         self._backoff = [1.0] * n
         self._explored_rel = [math.inf] * n
-        # an early look: from explore_quick_s after the last exploration (every explore_quick_s / 2),
+        # an early look: from explore_quick_s after the last exploration (every explore_quick_s),
         # a candidate the exploration's view puts below the choice by the hysteresis is explored
         # once it has not run for explore_quick_s, no more often than its back-off allows since it
         # was last explored (a device slowed for a moment held the whole model off for ~5 s of
@@ -159,12 +160,23 @@ class Controller:
         self._explored_at = [-math.inf] * n
 
     # ------------------------------------------------------------------ observations
-    def observe_edge(self, i: int, ms: float, now: float | None = None, raced: bool = False) -> None:
+    def observe_edge(self, i: int, ms: float, now: float | None = None, raced: bool = False,
+                     warm: bool = False) -> None:
         """A segment's time on the device. ``raced``: it ran beside another frame's work (a race
         with the cloud): on a CPU-quota device every ms the event loop spent then (the next
         frame's JPEG, the reply) costs the segment ~1/quota ms, so a raced run is an upper bound
         (measured: 700-930 ms against ~390 alone at 0.17 core): taken only where it says less
-        than the evidence, and never for the device's scale."""
+        than the evidence, and never for the device's scale. ``warm``: the agent's own timing
+        before the first frame; after it, a candidate's first ``cold_frames`` frames are upper
+        bounds too (as they are not counted in its overhead): a 0.1-core device's split cut, timed
+        at ~70 ms, took 250 and 220 ms in the first two frames, every process starting at once,
+        and as measured it was held off for 20 s at 360 ms predicted, the cloud's ~190 ms frames
+        10 % slower than its own."""
+        if warm:
+            self._warmed[i] = True
+        else:
+            self._edge_frames[i] += 1
+            raced = raced or (self._warmed[i] and self._edge_frames[i] <= self.cold_frames)
         self.device.observe(i, ms, now, raced)
 
     def observe_cloud(self, i: int, compute_ms: float, queue_ms: float, batch_size: int = 1,
@@ -363,13 +375,15 @@ class Controller:
                       tuple(faded) if faded is not pred else (), ev)
 
     def exploration_due(self, now: float) -> bool:
-        """Whether :meth:`choose` at ``now`` looks for a candidate to explore (every
-        ``explore_every_s``; the first look waits that long after the first choice)."""
+        """Whether :meth:`choose` at ``now`` looks for a candidate to explore: from
+        ``explore_quick_s`` after the last exploration (the first choice, at start-up), once every
+        ``explore_quick_s``. (A look takes the exploration's view, ~60 of the choice's ~130 us;
+        looked for on every frame once ``explore_every_s`` had passed and nothing was worth it, as
+        on a link where the cloud is far ahead, it was a CPU-quota device's ~0.6 ms a frame.)"""
         if self._last_explore is None:
             return False
-        since = now - self._last_explore
-        return since >= self.explore_every_s or (since >= self.explore_quick_s
-                                                 and now - self._last_look >= self.explore_quick_s / 2)
+        every = min(self.explore_quick_s, self.explore_every_s)
+        return now - self._last_explore >= every and now - self._last_look >= every
 
     def _cheap(self, i: int, choice: int) -> bool:
         """Whether exploring ``i`` from the standing ``choice`` risks no frame (a race). (The

@@ -705,11 +705,11 @@ def test_a_candidate_explored_while_the_link_stays_put_is_explored_less_often(yo
 
 def test_a_device_slowed_for_a_moment_is_raced_again_as_soon_as_exploration_sees_it_back(yolo_plan):
     """Measured (1 Mbit/s, a device at ~100 ms a frame, 8 fps): a moment's contention put three
-    whole-model runs at ~2x, above the cloud; the frames went to the cloud at ~200 ms, and the device, back to its
-    usual time at once, was raced again only at the next exploration, ~5 s (37 frames) later. An
-    early look races it once exploration's view (its stale time fading to its usual) puts it below
-    the cloud by the hysteresis: within ~2 s here, and, while the device stays slow, no more often
-    than the back-off allows."""
+    whole-model runs at ~2x, above the cloud; the frames went to the cloud at ~200 ms, and the
+    device, back to its usual time at once, was raced again only at the next exploration, ~5 s
+    (37 frames) later. An early look races it once exploration's view (its stale time fading to
+    its usual) puts it level with the cloud: within ~3 s here (looks come once a second), and,
+    while the device stays slow, no more often than the back-off allows."""
     cm = CostModel.from_plan(Plan.load(yolo_plan))
     edge, cloud = cm.ids.index("edge"), cm.ids.index("cloud")
     c = Controller(cm, explore_every_s=5.0)
@@ -731,9 +731,9 @@ def test_a_device_slowed_for_a_moment_is_raced_again_as_soon_as_exploration_sees
     frames = run(slow_until=20.375, horizon=40.0)
     left = min(t for t, i, _ in frames if t >= 20.0 and i == cloud)
     back = min(t for t, i, x in frames if t > left and i == edge)
-    assert back - left <= 2.5, (left, back)  # not the next exploration's 5 s
+    assert back - left <= 3.0, (left, back)  # not the next exploration's 5 s (a look a second)
     on_cloud = [t for t, i, x in frames if i == cloud and not x]
-    assert on_cloud and max(on_cloud) < left + 2.5, on_cloud
+    assert on_cloud and max(on_cloud) < left + 3.0, on_cloud
     # the device slow for good: early looks come no more often than the back-off allows
     c = Controller(cm, explore_every_s=5.0)
     c.cheap_explore = dict.fromkeys((edge, cloud))
@@ -759,6 +759,29 @@ def test_a_raced_device_time_is_an_upper_bound(yolo_plan):
     assert c.edge_ms(now=1.6)[edge] == pytest.approx(40 * cm.edge_ms[edge]) and c.device_scale() == scale
     c.observe_edge(edge, 30 * cm.edge_ms[edge], now=2.0, raced=True)  # less: the device is at most this slow
     assert c.edge_ms(now=2.1)[edge] == pytest.approx(30 * cm.edge_ms[edge]) and c.device_scale() == scale
+
+
+def test_a_candidates_first_frames_after_the_warm_up_are_upper_bounds_on_its_device_time(yolo_plan):
+    """Measured (1 Mbit/s, a 0.1-core device, five agents and the cloud starting at once): the
+    split cut, timed at ~70 ms before the first frame, took 250 and 220 ms in the first two
+    frames; as measured it stood at 360 ms predicted for 20 s while the cloud's frames, chosen
+    instead, were 10 % slower than its own. A candidate's first frames after the warm-up are
+    upper bounds (as they are left out of its overhead); the frames after them count as they are."""
+    cm = CostModel.from_plan(Plan.load(yolo_plan))
+    split = max((i for i in range(len(cm.ids)) if not cm.local[i]), key=lambda i: cm.edge_ms[i])
+    c = Controller(cm)
+    c.observe_edge(split, 70.0, now=0.0, warm=True)
+    scale = c.device_scale()
+    c.observe_edge(split, 250.0, now=0.5)
+    assert c.edge_ms(now=0.6)[split] == pytest.approx(70.0) and c.device_scale() == scale
+    c.observe_edge(split, 60.0, now=1.0)  # ... and bound it where they say less
+    assert c.edge_ms(now=1.1)[split] == pytest.approx(60.0)
+    for k in range(3):  # a device that really is that slow: measured from the third frame on
+        c.observe_edge(split, 240.0, now=2.0 + 0.5 * k)
+    assert c.edge_ms(now=3.1)[split] == pytest.approx(240.0)
+    other = Controller(cm)  # not warmed (timed by frames alone): the first frames count as they are
+    other.observe_edge(split, 250.0, now=0.5)
+    assert other.edge_ms(now=0.6)[split] == pytest.approx(250.0)
 
 
 def test_the_controllers_quantiles_are_numpys():
