@@ -12,9 +12,8 @@ ratio). On top of it:
   ``explore_margin`` of the best, is used for one frame to re-measure it (each candidate less
   often while it is not chosen and comes no closer to the choice: up to 4x; ``explore_margin_costly``
   for candidates whose exploration risks the frame: the agent races the all-cloud and all-edge
-  candidates, ``cheap_explore``, but not split cuts); early looks, from ``explore_quick_s`` after
-  the last exploration, explore a candidate that the exploration's view puts level with the choice
-  (raced) or below it by the hysteresis, no more often than its back-off allows;
+  candidates, ``cheap_explore``, but not split cuts); a look for one comes at most every
+  ``explore_look_s``;
 * the cloud's reports (compute, queue) averaged over time, not over a count of frames, so a
   candidate re-measured after a pause is judged by the new measurement; a report not refreshed
   fades back to the profile within seconds (bad news from a cold start does not hold the cloud
@@ -150,14 +149,10 @@ class Controller:
         self.explore_closer = 0.75
         self._backoff = [1.0] * n
         self._explored_rel = [math.inf] * n
-        # an early look: from explore_quick_s after the last exploration (every explore_quick_s),
-        # a candidate the exploration's view puts below the choice by the hysteresis is explored
-        # once it has not run for explore_quick_s, no more often than its back-off allows since it
-        # was last explored (a device slowed for a moment held the whole model off for ~5 s of
-        # cloud frames twice as slow: exploration's view had it back below the cloud within ~2 s)
-        self.explore_quick_s = 1.0
+        # a look for a candidate to explore, due every explore_every_s, comes at most every
+        # explore_look_s until one is explored (see exploration_due)
+        self.explore_look_s = 1.0
         self._last_look = -math.inf
-        self._explored_at = [-math.inf] * n
 
     # ------------------------------------------------------------------ observations
     def observe_edge(self, i: int, ms: float, now: float | None = None, raced: bool = False,
@@ -376,14 +371,15 @@ class Controller:
 
     def exploration_due(self, now: float) -> bool:
         """Whether :meth:`choose` at ``now`` looks for a candidate to explore: from
-        ``explore_quick_s`` after the last exploration (the first choice, at start-up), once every
-        ``explore_quick_s``. (A look takes the exploration's view, ~60 of the choice's ~130 us;
-        looked for on every frame once ``explore_every_s`` had passed and nothing was worth it, as
-        on a link where the cloud is far ahead, it was a CPU-quota device's ~0.6 ms a frame.)"""
+        ``explore_every_s`` after the last exploration (the first choice, at start-up), at most
+        once every ``explore_look_s``. (A look takes the exploration's view, ~60 of the choice's
+        ~130 us; looked for on every frame once ``explore_every_s`` had passed and nothing was
+        worth it, as on a link where the cloud is far ahead, it was a CPU-quota device's ~0.6 ms a
+        frame.)"""
         if self._last_explore is None:
             return False
-        every = min(self.explore_quick_s, self.explore_every_s)
-        return now - self._last_explore >= every and now - self._last_look >= every
+        return now - self._last_explore >= self.explore_every_s \
+            and now - self._last_look >= min(self.explore_look_s, self.explore_every_s)
 
     def _cheap(self, i: int, choice: int) -> bool:
         """Whether exploring ``i`` from the standing ``choice`` risks no frame (a race). (The
@@ -434,7 +430,6 @@ class Controller:
         unexplored = choice
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
-        since = now - self._last_explore
         if self.exploration_due(now) if due is None else due:
             self._last_look = now
             # closer by the standing view: the exploration's view comes closer by itself as evidence
@@ -444,20 +439,14 @@ class Controller:
             for i in idx:  # come closer to the choice since it was explored: worth a look again soon
                 if rel[i] < self.explore_closer * self._explored_rel[i]:
                     self._backoff[i] = 1.0
-            full = since >= self.explore_every_s
-            stale = [i for i in idx if i != choice and (
-                full and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if self._cheap(i, choice)
+            stale = [i for i in idx if i != choice
+                     and min(pred[i], faded[i]) <= pred[choice] * (self.explore_margin if self._cheap(i, choice)
                                                                    else self.explore_margin_costly)
-                and now - self._last_used[i] >= self.explore_every_s * self._backoff[i]
-                # an early look: a candidate that exploration's view puts level with the choice (a
-                # race: it costs device time) or below it by the hysteresis, not run for a moment
-                or min(pred[i], faded[i]) < pred[choice] * (1.0 if self._cheap(i, choice) else 1 - self.hysteresis)
-                and now - self._last_used[i] >= self.explore_quick_s
-                and now - self._explored_at[i] >= self.explore_every_s * self._backoff[i])]
+                     and now - self._last_used[i] >= self.explore_every_s * self._backoff[i]]
             if stale:
                 choice = min(stale, key=lambda i: self._last_used[i])
                 explore = True
-                self._last_explore = self._explored_at[choice] = now
+                self._last_explore = now
                 self._explored_rel[choice] = rel[choice]
                 self._backoff[choice] = min(2 * self._backoff[choice], self.explore_backoff_max)
         if not explore and choice != self.current:

@@ -413,7 +413,6 @@ def test_a_frames_choice_gathers_the_controllers_evidence_once_per_view(yolo_pla
                     ag.controller.evidence, ag.controller.edge_ms = counted, counted_edge
                     ag.controller.exploration_due = counted_due
                     ag.remote.hedge_margin_ms = 5000.0  # no hedge: its own look at the device is not the choice's
-                    ag.controller.explore_quick_s = 1e9  # no early look (a loaded machine's frames can take 1 s)
                     out = []
                     for k in range(6):
                         if k == 3:  # frames 3-5 look for a candidate to explore, 0-2 do not
