@@ -4,8 +4,9 @@ exactly one result, in order, in one output format wherever it ran.
 
 The concerns live in their own modules: the link and its supervision (``link.py``), the hedged
 remote call (``remote.py``), the device and its queue (``device.py``), the uplink as a frame's
-choice sees it (``uplink.py``), the choice (``controller.py``), what the bandwidth prober is told (``probing.py``), how each cut is
-encoded (``encoding.py``); this class runs one frame through them.
+choice sees it (``uplink.py``), the choice (``controller.py``), what the bandwidth prober is
+told (``probing.py``), how each cut is encoded (``encoding.py``); this class runs one frame
+through them.
 
 >>> async with EdgeAgent(Plan.load("plans/yolo-n"), cloud="tcp://10.0.0.5:7000") as agent:   # doctest: +SKIP
 ...     r = await agent.infer({"input": frame})

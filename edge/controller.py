@@ -405,13 +405,12 @@ class Controller:
             * self.explore_margin_costly
 
     def _standing(self, pred: list[float], now: float, idx: list[int], ratios: Sequence[float],
-                  faded: Sequence[float] | None = None, due: bool | None = None) -> tuple[int, bool, int]:
+                  faded: Sequence[float], due: bool) -> tuple[int, bool, int]:
         """The choice among ``idx`` from ``pred``, with hysteresis, a minimum dwell and exploration
         (a candidate is worth exploring by ``faded``, its prediction with stale evidence faded):
         the candidate, whether it is explored, and what the choice would have been without exploring.
         ``ratios``: each candidate's wire/raw byte ratio (the bytes policy); ``due``: whether a look
         for a candidate to explore is due (:meth:`exploration_due`, as :meth:`choose` read it)."""
-        faded = pred if faded is None else faded
         if self.policy == "bytes":
             within = [i for i in idx if pred[i] <= self.budget]  # type: ignore[operator]
             raw = [self.cm.up_bytes[i] * ratios[i] for i in range(len(pred))]
@@ -430,7 +429,7 @@ class Controller:
         unexplored = choice
         if self._last_explore is None:  # start-up measured every segment: the first exploration waits
             self._last_explore = now
-        if self.exploration_due(now) if due is None else due:
+        if due:
             self._last_look = now
             # closer by the standing view: the exploration's view comes closer by itself as evidence
             # fades, and reset the back-off at every look (a 0.1-core device raced the whole model
