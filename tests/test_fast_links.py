@@ -218,3 +218,38 @@ def test_bytes_sent_long_enough_ago_are_through_the_link():
     assert queued_bytes([(1.0, int(2 * per_s))], 1.0) == pytest.approx(per_s)
     # the older send is through after 1 s; the newer one (0.5 s ago) waited for it: half of it is left
     assert queued_bytes([(0.5, int(per_s)), (2.0, int(per_s))], 1.0) == pytest.approx(per_s / 2)
+
+
+def test_a_probe_too_small_to_time_that_came_back_soon_is_a_lower_bound():
+    """An 8 KB floor probe crosses a 3-6 Mbit/s link in 11-22 ms: too short to time at the receiver,
+    too small to be a lower bound there. It came back 30 ms after its send, 10 ms over the base RTT:
+    its bytes crossed at least that fast (at most min_timed_s is claimed). Ignored, the estimate of
+    an agent on a small bottleneck cut stayed at 0.15 Mbit/s for ~19 s while the link did ~3."""
+    now = [100.0]
+    m = BandwidthMonitor(clock=lambda: now[0])
+    m.add_transfer(64_000, 64_000 * 8 / 0.15e6)  # timed at 0.15 Mbit/s (an outage)
+    m.add_rtt(20.0)  # the base RTT
+    assert m.raw_mbps() == pytest.approx(0.15)
+    sent = []
+
+    async def send(ping):
+        sent.append(ping)
+
+    prober = ActiveProber(m, send)
+    prober.want_more = False  # probes of the floor's size
+    asyncio.run(prober.probe())
+    n = sent[0].padding
+    assert m.min_timed_bytes <= n < m.min_sample_bytes
+    now[0] += 0.030
+    prober.on_pong(Pong(sent[0].seq, sent[0].sent_at, recv_ms=12.0, nbytes=n))
+    # crossing <= 30 - 20 ms, claimed at no less than min_timed_s
+    assert m.raw_mbps() == pytest.approx(n * 8 / m.min_timed_s / 1e6)
+    now[0] += m.floor_ttl_s + 0.1  # not renewed: it expires, the timed samples stand
+    assert m.raw_mbps() == pytest.approx(0.15)
+    # one held in a queue came back late: the bound is what the whole round trip allows
+    asyncio.run(prober.probe())
+    now[0] += 0.120
+    prober.on_pong(Pong(sent[1].seq, sent[1].sent_at, recv_ms=5.0, nbytes=sent[1].padding))
+    assert sent[1].padding == n
+    assert m.min_rtt_ms() == pytest.approx(18.0)  # the first probe's round trip, less its 12 ms at the receiver
+    assert m.raw_mbps() == pytest.approx(n * 8 / (0.120 - 0.018) / 1e6)

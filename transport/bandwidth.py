@@ -8,8 +8,10 @@ little weight has accumulated, times a safety factor. Samples from small frames 
 the throughput (their timing is noise) but still give RTT, unless the link spread one over
 ``min_timed_s`` (then its timing is the link's). A transfer too fast to time (under
 ``min_sample_s``) is a lower bound, not nothing: the link carried at least its bytes in that
-time. While no timed sample says otherwise, the estimate is at least the freshest such bound, so a
-fast link (loopback, a LAN) is not left at the prior. The other way round, a small frame that came
+time. So is a probe too small to time at the receiver that came back soon: its bytes crossed within
+its round trip less the base RTT (taken at no less than ``min_timed_s``). While no timed sample
+says otherwise, the estimate is at least the freshest such bound, so a fast link (loopback, a LAN)
+is not left at the prior. The other way round, a small frame that came
 back late is an upper bound (:meth:`BandwidthMonitor.add_ceiling`): the link took that long for
 it, which a 4 KB frame's own first-to-last byte time does not show; until a timed sample comes,
 the estimate is at most the freshest such bound.
@@ -132,11 +134,7 @@ class BandwidthMonitor:
             return False
         now = self.clock() if at is None else at
         if seconds < self.min_sample_s:
-            bound = nbytes * 8 / self.min_sample_s / 1e6
-            if self._floor is None or now - self._floor[1] > self.floor_ttl_s or bound >= self._floor[0]:
-                self._floor = (bound, now)
-            else:  # a smaller bound renews the larger one's freshness: both say the link is fast
-                self._floor = (self._floor[0], now)
+            self.add_floor(nbytes * 8 / self.min_sample_s / 1e6, now)
             return True
         self._floor = self._ceiling = None  # a timed transfer is what the link does now
         mbps = nbytes * 8 / seconds / 1e6
@@ -151,6 +149,18 @@ class BandwidthMonitor:
         self.samples += 1
         self.last_sample_at = now
         return True
+
+    def add_floor(self, mbps: float, at: float | None = None) -> None:
+        """The link carried at least ``mbps`` lately (a transfer too fast to time, or a probe that
+        came back sooner than its bytes could have crossed a slower link): until a timed sample
+        comes, or the bound is ``floor_ttl_s`` old, the estimate is at least that."""
+        if not (mbps > 0 and math.isfinite(mbps)):
+            return
+        now = self.clock() if at is None else at
+        if self._floor is None or now - self._floor[1] > self.floor_ttl_s or mbps >= self._floor[0]:
+            self._floor = (mbps, now)
+        else:  # a smaller bound renews the larger one's freshness: both say the link is fast
+            self._floor = (self._floor[0], now)
 
     def add_ceiling(self, mbps: float, at: float | None = None) -> None:
         """The link carried at most ``mbps`` lately: a frame too small to be a throughput sample
@@ -461,9 +471,18 @@ class ActiveProber:
         seconds = max(pong.recv_ms / 1e3, self.monitor.min_sample_s)
         self.last_probe_mbps = pong.nbytes * 8 / seconds / 1e6
         self.last_probe_s = pong.recv_ms / 1e3
-        self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
+        sampled = self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
         self._last_pong_at = self.monitor.last_sample_at
         self.monitor.add_rtt((now - pong.sent_at) * 1e3 - pong.recv_ms)
+        if not sampled and pong.nbytes >= self.monitor.min_timed_bytes:
+            # a probe too small to time at the receiver (an 8 KB floor probe crosses a 3-6 Mbit/s
+            # link in 11-22 ms) still came back within (elapsed - base RTT) of its send: its bytes
+            # crossed at least that fast (a burst or a queue only make that time longer). Taken at
+            # no less than min_timed_s. Ignored, it left an agent on a 1.5 KB bottleneck cut for
+            # ~19 s with the estimate at 0.15 Mbit/s while the cloud took ~150 ms a frame
+            # (orange-4G-highway@341s, slow device, 833a4c9's full records)
+            crossing_s = max((now - pong.sent_at) - self.monitor.min_rtt_ms() / 1e3, self.monitor.min_timed_s)
+            self.monitor.add_floor(pong.nbytes * 8 / crossing_s / 1e6, now)
         if ours and self.ramping:
             self._ramp_round(self.last_probe_mbps, now)
 
