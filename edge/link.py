@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 from ..errors import ChannelClosed, ChannelError, RefusedError, SplitinferError, TlsError
 from ..splitter.plan import Plan
 from ..transport import wire
-from ..transport.bandwidth import ActiveProber, BandwidthMonitor
+from ..transport.bandwidth import BandwidthMonitor
+from ..transport.prober import ActiveProber
 from ..transport.channel import Channel
 from .replies import BadReply
 

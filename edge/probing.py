@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..splitter.plan import Plan
-from ..transport.bandwidth import ActiveProber
+from ..transport.prober import ActiveProber
 from .controller import Controller
 
 

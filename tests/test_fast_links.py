@@ -187,7 +187,7 @@ def test_a_probe_ahead_of_a_frame_is_part_of_what_the_link_carried(yolo_plan):
 
 
 def test_the_prober_remembers_what_it_sent_and_when_it_was_answered():
-    from splitinfer.transport.bandwidth import ActiveProber, BandwidthMonitor
+    from splitinfer.transport import ActiveProber, BandwidthMonitor
     from splitinfer.transport.wire import Pong
 
     now = [100.0]

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import SHARED, arun
 from splitinfer.transport import wire
-from splitinfer.transport.bandwidth import ActiveProber, BandwidthMonitor
+from splitinfer.transport import ActiveProber, BandwidthMonitor
 from splitinfer.transport.netem import LinkEmulator, RateSchedule, load_trace, parse_rate
 from splitinfer.transport.tcp import TcpChannel, TcpServer
 

@@ -8,7 +8,8 @@ cloud/ or splitter/; aiortc/aiohttp (``webrtc``) and zeroconf are imported only 
 
 from __future__ import annotations
 
-from .bandwidth import ActiveProber, BandwidthMonitor
+from .bandwidth import BandwidthMonitor
+from .prober import ActiveProber
 from .channel import Channel
 from ..codecs import CODEC_NAMES, Codec, Encoded, decode_tensor, encode_tensor
 from .memory import MemoryChannel, memory_pair
