@@ -353,7 +353,10 @@ class EdgeAgent:
         conditions = {"bandwidth_mbps": bw, "rtt_ms": rtt, "backlog_ms": backlog_ms, "probe_backlog_ms": probe_ms,
                       "device_wait_ms": load.wait_ms, "frame_interval_ms": load.interval_ms if math.isfinite(load.interval_ms) else None, "cloud_ok": cloud_ok,
                       "predicted_ms": {c.id: p for c, p in zip(self.plan.candidates, preds)},
-                      "cloud_error": None if self.connected else self.last_error}
+                      "cloud_error": None if self.connected else self.last_error,
+                      # the probes answered since the last frame and what the monitor took each as
+                      "probes": self.link.prober.take_answered()
+                      if self.link is not None and self.link.prober is not None else []}
         return _Decision(i, explore, race, preds, model, cloud_ok, ev, load, conditions)
 
     async def _process_frame(self, index: int, inputs: Mapping[str, np.ndarray],

@@ -1,7 +1,7 @@
 """What the edge agent tells its bandwidth prober after each frame's choice: whether a faster link
 would change that choice (then the prober ramps up and probes steadily within a share of the
 rate), and the budget for its probes (a share of what the cheapest remote candidate's frames would
-send, lifted on a close call). The prober itself is ``transport.bandwidth.ActiveProber``.
+send, lifted on a close call). The prober itself is ``transport.prober.ActiveProber``.
 """
 from __future__ import annotations
 

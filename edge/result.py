@@ -25,7 +25,8 @@ class FrameResult:
     explore: bool = False
     batch_size: int = 0
     # what the cut was chosen from: bandwidth_mbps, rtt_ms, backlog_ms, cloud_ok, predicted_ms per candidate,
-    # cloud_error (why the cloud is not connected: TLS, a refusal, unreachable; None when connected)
+    # cloud_error (why the cloud is not connected: TLS, a refusal, unreachable; None when connected),
+    # probes (those answered since the last frame: ActiveProber.take_answered)
     conditions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -51,4 +52,6 @@ def _rounded(x: Any) -> Any:
         return round(x, 3)
     if isinstance(x, dict):
         return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
     return x

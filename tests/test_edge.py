@@ -103,6 +103,7 @@ def log_slow_last(log):
 def test_the_cut_follows_the_bandwidth(yolo_plan):
     plan = Plan.load(yolo_plan)
     seen = []  # what each frame saw (for the messages)
+    probes = []  # the probes the frames' conditions say were answered, and the prober's count at the end
 
     async def main():
         async with adaptive_agent_behind_link(yolo_plan, plan) as (emu, ag):
@@ -113,6 +114,7 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
             while True:
                 r = await ag.infer(random_feeds(plan.inputs, seed=k))
                 k += 1
+                probes.extend(r.conditions["probes"])
                 if r.explore:  # a frame re-measuring another candidate says nothing of the choice
                     continue
                 log.append((phase, r.candidate, r.placement))
@@ -126,8 +128,14 @@ def test_the_cut_follows_the_bandwidth(yolo_plan):
                     phase, t_phase = "back", time.monotonic()
                     emu.set_rate(50)
                 elif phase == "back" and (elapsed > 15 or (elapsed > 2 and log[-1][1] != log_slow_last(log))):
+                    probes.append(ag.link.prober.sent)
                     return log
     log = arun(main(), timeout=90)
+    # every answered probe is in some frame's conditions, once, with what the monitor took it as
+    # (a probe answered after the last frame, or one not answered, is not yet in any)
+    sent, answered = probes[-1], probes[:-1]
+    assert 1 <= len(answered) <= sent, (len(answered), sent)
+    assert all(p["taken"] in {"sample", "floor", "bound", "ignored"} and p["bytes"] > 0 for p in answered), answered
     fast = [c for p, c, _ in log if p == "fast"]
     slow = [c for p, c, _ in log if p == "slow"]
     back = [c for p, c, _ in log if p == "back"]

@@ -253,3 +253,30 @@ def test_a_probe_too_small_to_time_that_came_back_soon_is_a_lower_bound():
     assert sent[1].padding == n
     assert m.min_rtt_ms() == pytest.approx(18.0)  # the first probe's round trip, less its 12 ms at the receiver
     assert m.raw_mbps() == pytest.approx(n * 8 / (0.120 - 0.018) / 1e6)
+    # what the frames' conditions log of these probes: both bounds, each as the monitor took it
+    said = prober.take_answered()
+    assert [(p["taken"], p["bytes"]) for p in said] == [("bound", n), ("bound", n)]
+    assert said[1]["mbps"] == pytest.approx(n * 8 / (0.120 - 0.018) / 1e6, rel=1e-3)
+    assert said[1]["round_trip_ms"] == pytest.approx(120.0)
+    assert prober.take_answered() == []  # each is said once
+
+
+def test_every_answered_probe_is_logged_as_what_the_monitor_took_it_for():
+    """A timed probe is a sample, one too fast to time a floor, one under the smallest timed size
+    ignored: the agent's per-frame conditions say which, so an estimate that sat still can be told
+    from probes that said nothing."""
+    now = [10.0]
+    m = BandwidthMonitor(clock=lambda: now[0])
+    prober = ActiveProber(m, lambda ping: asyncio.sleep(0))
+    cases = [(64_000, 51.2, "sample"), (64_000, 1.0, "floor"), (1_000, 30.0, "ignored")]
+    for seq, (n, recv_ms, _) in enumerate(cases):
+        now[0] += 0.1
+        prober.on_pong(Pong(seq, now[0] - recv_ms / 1e3 - 0.01, recv_ms=recv_ms, nbytes=n))
+    said = prober.take_answered()
+    assert [p["taken"] for p in said] == [c for *_, c in cases]
+    assert said[0]["mbps"] == pytest.approx(10.0)  # 64 KB in 51.2 ms
+    assert said[1]["mbps"] == pytest.approx(64_000 * 8 / m.min_sample_s / 1e6)
+    assert said[2]["mbps"] == 0.0
+    for seq in range(40):  # bounded, whoever reads it: the last 32
+        prober.on_pong(Pong(100 + seq, now[0], recv_ms=1.0, nbytes=100))
+    assert len(prober.take_answered()) == 32

@@ -95,6 +95,8 @@ class ActiveProber:
         self._fell_at: float | None = None
         self._recoveries = 0  # recovery probes sent since the fall
         self.recovery_probes = 0  # in all
+        # what each answered probe said, for logs (see take_answered): bounded, whoever reads it
+        self._answered: deque[dict[str, float | int | str]] = deque(maxlen=32)
 
     @property
     def want_more(self) -> bool:
@@ -129,6 +131,18 @@ class ActiveProber:
         now = self.monitor.clock() if now is None else now
         return [(now - at, int(n), None if done is None else now - done)  # type: ignore[operator]
                 for at, n, done in self._history]
+
+    def take_answered(self) -> list[dict[str, float | int | str]]:
+        """The probes answered since the last call (at most the last 32), oldest first, each as
+        ``bytes``, ``recv_ms`` (first to last byte at the peer), ``round_trip_ms``, ``mbps`` (what
+        it told the monitor; 0 when ignored), ``taken`` as: ``sample`` (a timed throughput
+        sample), ``floor`` (too fast to time: a lower bound), ``bound`` (too small to time, its
+        round trip a lower bound) or ``ignored``, and ``estimate_mbps`` (the monitor's estimate
+        after it). For the agent's per-frame conditions: without them an estimate that sat still
+        could not be told from probes that said nothing."""
+        out = list(self._answered)
+        self._answered.clear()
+        return out
 
     def _rate_bps(self) -> float:
         # a probe that measured more than the (smoothed) estimate sizes the next one: probe up fast;
@@ -273,6 +287,8 @@ class ActiveProber:
         sampled = self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
         self._last_pong_at = self.monitor.last_sample_at
         self.monitor.add_rtt((now - pong.sent_at) * 1e3 - pong.recv_ms)
+        taken, told = ("floor" if pong.recv_ms / 1e3 < self.monitor.min_sample_s else "sample",
+                       self.last_probe_mbps) if sampled else ("ignored", 0.0)
         if not sampled and pong.nbytes >= self.monitor.min_timed_bytes:
             # a probe too small to time at the receiver (an 8 KB floor probe crosses a 3-6 Mbit/s
             # link in 11-22 ms) still came back within (elapsed - base RTT) of its send: its bytes
@@ -281,7 +297,12 @@ class ActiveProber:
             # ~19 s with the estimate at 0.15 Mbit/s while the cloud took ~150 ms a frame
             # (orange-4G-highway@341s, slow device, 833a4c9's full records)
             crossing_s = max((now - pong.sent_at) - self.monitor.min_rtt_ms() / 1e3, self.monitor.min_timed_s)
-            self.monitor.add_floor(pong.nbytes * 8 / crossing_s / 1e6, now)
+            taken, told = "bound", pong.nbytes * 8 / crossing_s / 1e6
+            self.monitor.add_floor(told, now)
+        self._answered.append({"bytes": int(pong.nbytes), "recv_ms": round(pong.recv_ms, 2),
+                               "round_trip_ms": round((now - pong.sent_at) * 1e3, 2),
+                               "mbps": round(told, 3), "taken": taken,
+                               "estimate_mbps": round(self.monitor.raw_mbps(), 3)})
         if ours and self.ramping:
             self._ramp_round(self.last_probe_mbps, now)
 
