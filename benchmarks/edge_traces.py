@@ -159,15 +159,38 @@ def window_regimes(k_traces: int, windows: int, seconds: float, seed: int) -> li
 
 
 # ---------------------------------------------------------------- one run
-def cgroup(slot: int, quota: float) -> Path | None:
+def quota_period_us(quota: float, interval_ms: float | None = None) -> int:
+    """The cgroup's period for ``quota``: at least 10 ms, and long enough that the quota is the
+    kernel's 1-ms floor (a model of ~20 ms at full speed made a ~270-ms device is ~0.08 core).
+
+    With ``interval_ms`` (the camera's frame interval) the period is also chosen so that the
+    interval is not close to a whole number of periods: the frames then land at every phase of
+    the period in turn (golden-ratio steps). At 2 fps and a 10-ms period every frame came at the
+    same phase for a whole run, and whether a cloud frame's encode met an exhausted quota (2 ms or
+    9-19 ms) was decided once per process: the pinned cloud and the adaptive agent, with the same
+    choices, differed by up to 16 % between runs (loopback, 2026-12-08)."""
+    shortest = max(10000, math.ceil(1000 / quota))
+    if not interval_ms:
+        return shortest
+    interval_us = interval_ms * 1e3
+    target = (math.sqrt(5) - 1) / 2  # 0.618...: the phases spread evenly over any stretch of frames
+
+    def miss(period: int) -> float:
+        f = (interval_us / period) % 1.0
+        return min(abs(f - target), abs(f - (1 - target)))
+
+    periods = range(shortest, int(shortest * 1.25) + 1)
+    return next((p for p in periods if miss(p) < 0.01), min(periods, key=miss))  # the shortest that does
+
+
+def cgroup(slot: int, quota: float, interval_ms: float | None = None) -> Path | None:
+    """The edge's cgroup for ``slot`` with ``quota`` of one core (see :func:`quota_period_us`)."""
     d = CGROUPS / f"splitinfer-edge-{slot}"
     try:
         d.mkdir(exist_ok=True)
-        # a 10-ms period unless the quota would fall below the kernel's 1-ms floor (a model of ~20 ms
-        # at full speed made a ~270-ms device is ~0.08 core): then the period that gives it 1 ms
-        period = max(10000, math.ceil(1000 / quota))
+        period = quota_period_us(quota, interval_ms)
         (d / "cpu.cfs_period_us").write_text(str(period))
-        (d / "cpu.cfs_quota_us").write_text(str(int(period * quota)))
+        (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(period * quota))))
         return d
     except OSError:
         return None
@@ -250,7 +273,7 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
     from splitinfer.transport.netem import LinkEmulator
 
     quota, fps = QUOTAS[device], DEVICES[device][1]
-    group = cgroup(slot, quota)
+    group = cgroup(slot, quota, 1e3 / fps)
     frames = int(regime.seconds * fps)
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
            str(frames), "--fps", str(fps), "--threads", "1", "--codec", "int8+lz4", "--postprocess", "yolo",

@@ -1,9 +1,12 @@
 """The frame pipeline: a source paced like a camera, at most ``max_inflight`` frames at once
-(backpressure), results in order, a plain source pulled on its own thread."""
+(backpressure), results in order, a plain source pulled on its own low-priority thread."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -76,16 +79,33 @@ async def pipeline(process: Callable[[F, float], Awaitable[R]], frames: Iterable
 
 async def _aiter(frames: Any) -> AsyncIterator[Any]:
     """The frames of an async or a plain iterable. A plain one (a decoder, a renderer) is pulled on
-    its own thread, one frame at a time: making a frame never stalls the frames in flight."""
+    its own thread, one frame at a time: making a frame never stalls the frames in flight. The
+    next frame is made as soon as the last is taken, while that one is in flight, so the thread
+    runs at the lowest priority (:func:`_yield_to_frames`)."""
     if hasattr(frames, "__aiter__"):
         async for f in frames:
             yield f
         return
     it, end = iter(frames), object()
     loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(1, thread_name_prefix="splitinfer-source")
+    pool = ThreadPoolExecutor(1, thread_name_prefix="splitinfer-source", initializer=_yield_to_frames)
     try:
         while (f := await loop.run_in_executor(pool, next, it, end)) is not end:
             yield f
     finally:  # a source stuck in its next frame must not hold the loop up
         pool.shutdown(wait=False)
+
+
+def _yield_to_frames() -> None:
+    """Make the calling thread (the source's) the process's lowest priority, where the OS allows
+    it per thread (Linux: a thread's nice value is its own). A device with little CPU (a CPU quota
+    standing for one, 0.1 core) made the next frame at equal priority beside the frame in flight:
+    that frame's encode and send shared the quota with the renderer. Frames are made a whole frame
+    interval ahead, so the renderer only needs what the frames in flight leave."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
+    except OSError:  # a sandbox that forbids it: the source keeps the process's priority
+        pass

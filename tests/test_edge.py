@@ -10,6 +10,7 @@ import dataclasses
 import collections
 import contextlib
 import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -424,6 +425,30 @@ def test_a_slow_source_does_not_stall_the_frames_in_flight(yolo_plan):
             return out
     assert arun(main()) == [0, 1]
     assert waited == [True]  # frame 0 was delivered while the source was busy
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+def test_the_source_makes_frames_at_the_lowest_priority(yolo_plan):
+    """The next frame is made while the last is in flight: on a device with little CPU the
+    renderer must not take it from the frame's encode and send, so its thread runs at nice 19
+    and the frames' own threads keep the process's priority."""
+    import os
+    import threading
+    plan = Plan.load(yolo_plan)
+    seen = []
+
+    def source():
+        for k in range(2):
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            yield random_feeds(plan.inputs, seed=k)
+
+    async def main():
+        async with EdgeAgent(plan, None) as ag:
+            return [r.index async for r in ag.stream(source())]
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert arun(main()) == [0, 1]
+    assert seen == [19, 19]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the caller's thread is untouched
 
 
 def test_start_measures_this_device_before_the_first_frame(yolo_plan):
