@@ -30,8 +30,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["BandwidthMonitor", "Ewma", "queued_bytes"]
+__all__ = ["BandwidthMonitor", "Ewma", "Taken", "queued_bytes"]
+
+Taken = Literal["sample", "floor"]  # what a transfer told the monitor was taken as (add_transfer)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class BandwidthMonitor:
 
     >>> m = BandwidthMonitor()
     >>> m.add_transfer(1_000_000, 0.8)   # 1 MB took 0.8 s from first to last byte: 10 Mbit/s
+    'sample'
     >>> round(m.raw_mbps(), 1)
     10.0
     """
@@ -101,19 +105,20 @@ class BandwidthMonitor:
         self._rtts: deque[tuple[float, float]] = deque()
 
     # ------------------------------------------------------------------ samples
-    def add_transfer(self, nbytes: int, seconds: float, at: float | None = None) -> bool:
-        """A transfer of ``nbytes`` that took ``seconds`` first to last byte. False if ignored.
+    def add_transfer(self, nbytes: int, seconds: float, at: float | None = None) -> Taken | None:
+        """A transfer of ``nbytes`` that took ``seconds`` first to last byte; what it was taken as:
+        ``"sample"``, ``"floor"``, or None (ignored).
 
         One faster than ``min_sample_s`` is a lower bound (its bytes in ``min_sample_s``): the
         estimate is at least that until a timed sample comes or the bound is ``floor_ttl_s`` old.
         One smaller than ``min_sample_bytes`` counts only if it is at least ``min_timed_bytes`` and
         took at least ``min_timed_s``."""
         if nbytes < self.min_sample_bytes and not (nbytes >= self.min_timed_bytes and seconds >= self.min_timed_s):
-            return False
+            return None
         now = self.clock() if at is None else at
         if seconds < self.min_sample_s:
             self.add_floor(nbytes * 8 / self.min_sample_s / 1e6, now)
-            return True
+            return "floor"
         self._floor = self._ceiling = None  # a timed transfer is what the link does now
         mbps = nbytes * 8 / seconds / 1e6
         gap = now - self.last_sample_at
@@ -126,7 +131,7 @@ class BandwidthMonitor:
         self.slow.add(mbps, seconds)
         self.samples += 1
         self.last_sample_at = now
-        return True
+        return "sample"
 
     def add_floor(self, mbps: float, at: float | None = None) -> None:
         """The link carried at least ``mbps`` lately (a transfer too fast to time, or a probe that

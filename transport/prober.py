@@ -284,12 +284,11 @@ class ActiveProber:
         seconds = max(pong.recv_ms / 1e3, self.monitor.min_sample_s)
         self.last_probe_mbps = pong.nbytes * 8 / seconds / 1e6
         self.last_probe_s = pong.recv_ms / 1e3
-        sampled = self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
+        taken: str | None = self.monitor.add_transfer(pong.nbytes, pong.recv_ms / 1e3)
         self._last_pong_at = self.monitor.last_sample_at
         self.monitor.add_rtt((now - pong.sent_at) * 1e3 - pong.recv_ms)
-        taken, told = ("floor" if pong.recv_ms / 1e3 < self.monitor.min_sample_s else "sample",
-                       self.last_probe_mbps) if sampled else ("ignored", 0.0)
-        if not sampled and pong.nbytes >= self.monitor.min_timed_bytes:
+        told = self.last_probe_mbps if taken else 0.0
+        if not taken and pong.nbytes >= self.monitor.min_timed_bytes:
             # a probe too small to time at the receiver (an 8 KB floor probe crosses a 3-6 Mbit/s
             # link in 11-22 ms) still came back within (elapsed - base RTT) of its send: its bytes
             # crossed at least that fast (a burst or a queue only make that time longer). Taken at
@@ -301,7 +300,7 @@ class ActiveProber:
             self.monitor.add_floor(told, now)
         self._answered.append({"bytes": int(pong.nbytes), "recv_ms": round(pong.recv_ms, 2),
                                "round_trip_ms": round((now - pong.sent_at) * 1e3, 2),
-                               "mbps": round(told, 3), "taken": taken,
+                               "mbps": round(told, 3), "taken": taken or "ignored",
                                "estimate_mbps": round(self.monitor.raw_mbps(), 3)})
         if ours and self.ramping:
             self._ramp_round(self.last_probe_mbps, now)
