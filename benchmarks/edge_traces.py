@@ -265,11 +265,12 @@ def calibrate(plan_dir: Path, devices: list[str]) -> dict[str, dict]:
 
 async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: str, strategy: str, slot: int,
                        out: Path, cpu: dict[str, float], uplink: dict[str, float] | None = None,
-                       counts: dict[str, dict] | None = None) -> list[dict]:
+                       counts: dict[str, dict] | None = None, phase: float = 0.0) -> list[dict]:
     """One strategy's ``edge run``: its records; ``cpu[strategy]``: the agent process's CPU ms per
     frame (what the agent's own work costs a CPU-quota device: every ms of it is ~1/quota ms of wall
     time taken from the segments), and ``uplink[strategy]``: its uplink bytes per frame, the
-    bandwidth probes' included (a frame's record counts only its own), when it finished."""
+    bandwidth probes' included (a frame's record counts only its own), when it finished.
+    ``phase`` (a share of the frame interval) is where on the common frame clock its frames fall."""
     from splitinfer.transport.netem import LinkEmulator
 
     quota, fps = QUOTAS[device], DEVICES[device][1]
@@ -277,7 +278,7 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
     frames = int(regime.seconds * fps)
     cmd = [sys.executable, "-m", "splitinfer", "edge", "run", str(plan_dir), "--source", "scene", "--frames",
            str(frames), "--fps", str(fps), "--threads", "1", "--codec", "int8+lz4", "--postprocess", "yolo",
-           "--out", str(out), "--json", *EDGE_ARGS]
+           "--out", str(out), "--json", "--frame-clock", f"{phase / fps:.6f}", *EDGE_ARGS]
     if candidate_of(strategy) != "adaptive":
         cmd += ["--candidate", candidate_of(strategy)]
     if group is None:
@@ -303,8 +304,10 @@ async def run_strategy(plan_dir: Path, cloud_port: int, regime: Regime, device: 
             if b"edge: starting" in line and group is not None:
                 (group / "cgroup.procs").write_text(str(proc.pid))
             head += line
-        if emu is not None:
-            emu.restart_schedule()
+        if emu is not None:  # the link's schedule starts with the first frame, on the frame clock
+            first = re.search(rb"first frame at ([0-9.]+)", head)
+            wait = float(first.group(1)) - time.time() if first else 0.0
+            asyncio.get_running_loop().call_later(max(wait, 0.0), emu.restart_schedule)
         # a strategy that cannot keep up falls behind; stop it 30 s after the regime's end, or a
         # static one once its frames are GIVE_UP_S late (it keeps the frames it finished: a lower
         # bound on its latency, and it cannot be the best static)
@@ -369,7 +372,11 @@ async def run_regime(plan_dir: Path, cloud_ports: list[int], regime: Regime, dev
     """The strategies' records; ``cpu``, ``uplink``, ``counts`` (the agent's hedges, races, probes) and ``spans`` (strategy -> (start, end), wall
     clock) are filled in. Strategies side by side (``parallel`` > 1) each have their own slot: its
     cgroup and its own cloud process (``cloud_ports[slot]``), so they share the machine's two cores
-    but never a cloud's queue."""
+    but never a cloud's queue; and its own phase on one frame clock (slot k of N at k/N of the frame
+    interval), so their frames do not meet at the cores. Each started its frames when it was
+    ready, so which strategies' cloud frames met at the cores was settled once per run: 2026-12-08,
+    slow device, loopback, the adaptive agent and the pinned cloud both sent 60 of 60 frames to the
+    cloud and adaptive's cloud compute was 38-40 ms a frame against 32 in both repeats."""
     spans = {} if spans is None else spans
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
@@ -380,7 +387,8 @@ async def run_regime(plan_dir: Path, cloud_ports: list[int], regime: Regime, dev
             try:
                 out = tmp / f"{device}.{s}.jsonl"
                 t0 = time.time()
-                recs = await run_strategy(plan_dir, cloud_ports[slot], regime, device, s, slot, out, cpu, uplink, counts)
+                recs = await run_strategy(plan_dir, cloud_ports[slot], regime, device, s, slot, out, cpu, uplink, counts,
+                                          phase=slot / parallel)
                 spans[s] = (t0, time.time())
                 if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
                     (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())

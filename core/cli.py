@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     er.add_argument("--out", metavar="JSONL", help="one JSON record per frame")
     er.add_argument("--frames", type=_count, default=None, help="stop after N frames (synthetic: default 100)")
     er.add_argument("--fps", type=_positive, default=None, help="pace the source at F frames per second")
+    er.add_argument("--frame-clock", type=_nonneg, default=None, metavar="T",
+                    help="with --fps: capture frames at the instants T + k/F (Unix seconds, whole k); cameras "
+                         "given one clock and different offsets keep their frames apart at a shared cloud")
     er.add_argument("--token-file", metavar="PATH")
     er.add_argument("--cafile", metavar="PEM", help="trust this CA (or self-signed certificate) for tls:// clouds")
     er.add_argument("--codec", default="auto",

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,7 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .edge import EdgeAgent
+    from .edge.pipeline import first_tick
     from .splitter.wire_settings import input_codec_for
     from .frames import frames_from
     from .splitter import Plan
@@ -135,6 +137,9 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
             ssl.create_default_context(cafile=args.cafile)
         except (ssl.SSLError, OSError) as exc:
             raise SplitinferError(f"--cafile {args.cafile}: not a PEM certificate: {exc}") from exc
+    if args.frame_clock is not None and args.fps is None:
+        raise SplitinferError(f"--frame-clock {args.frame_clock:g}: a frame clock needs --fps (the frames' "
+                              "spacing on it); got none")
     # a refused codec is exit 2 before anything is written
     input_codec_for(plan, args.input_codec, "fp16" if args.codec == "auto" else args.codec)
     frames = frames_from(args.source, plan.inputs, args.frames)
@@ -154,6 +159,10 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
                              jpeg_quality=args.jpeg_quality, min_fidelity=args.min_fidelity) as agent:
             # models loaded and timed, connection up (or not): what comes next is the frames
             state = "connected" if agent.connected else f"not connected ({agent.last_error or 'no answer yet'})"
+            clock = args.frame_clock
+            if clock is not None:  # the first instant on it, said (a link emulator replays its schedule from it)
+                clock = first_tick(clock, args.fps, time.time() + 0.1)
+                state += f", first frame at {clock:.6f}"
             print(f"edge: ready, cloud {state}", file=sys.stderr, flush=True)
             ready_cpu[0] = _cpu_s()
 
@@ -163,7 +172,7 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
                         return
                     yield f
 
-            async for r in agent.stream(until_stopped(), fps=args.fps):
+            async for r in agent.stream(until_stopped(), fps=args.fps, clock=clock):
                 results.append(r)
                 if out is not None:
                     out.write(json.dumps(r.to_json()) + "\n")

@@ -461,12 +461,13 @@ class EdgeAgent:
                            conditions=conditions)
 
     async def stream(self, frames: Iterable[Mapping[str, np.ndarray]] | AsyncIterable[Mapping[str, np.ndarray]],
-                     *, fps: float | None = None) -> AsyncIterator[FrameResult]:
+                     *, fps: float | None = None, clock: float | None = None) -> AsyncIterator[FrameResult]:
         """Results for ``frames`` in order; frame n+1 runs its edge segment while frame n is on the
         wire, at most ``max_inflight`` frames at a time (backpressure). With ``fps`` the source is
         paced like a camera, a frame's latency counts from its scheduled capture
         (:func:`splitinfer.edge.pipeline.pipeline`), and the controller plans for that rate (a
-        candidate the device cannot keep it with builds a backlog)."""
+        candidate the device cannot keep it with builds a backlog). ``clock`` (Unix seconds, with
+        ``fps``) puts the captures on the instants ``clock + k / fps``."""
         def process(frame: Mapping[str, np.ndarray], captured: float) -> Awaitable[FrameResult]:
             return self._process(next(self._frames), frame, captured)  # numbered as it is taken
 
@@ -474,7 +475,7 @@ class EdgeAgent:
         if fps:
             self.frame_interval_ms = 1e3 / fps
         try:
-            async for r in pipeline(process, frames, max_inflight=self.max_inflight, fps=fps):
+            async for r in pipeline(process, frames, max_inflight=self.max_inflight, fps=fps, clock=clock):
                 yield r
         finally:
             self.frame_interval_ms = before

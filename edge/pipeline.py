@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import threading
@@ -15,24 +16,30 @@ from typing import Any, TypeVar
 
 from ..errors import SourceError, SplitinferError
 
-__all__ = ["pipeline"]
+__all__ = ["first_tick", "pipeline"]
 
 F = TypeVar("F")
 R = TypeVar("R")
 
 
 async def pipeline(process: Callable[[F, float], Awaitable[R]], frames: Iterable[F] | AsyncIterable[F], *,
-                   max_inflight: int, fps: float | None = None) -> AsyncIterator[R]:
+                   max_inflight: int, fps: float | None = None, clock: float | None = None) -> AsyncIterator[R]:
     """``process(frame, captured)`` for every frame, results in order; frame n+1 starts while
     frame n is still in flight, at most ``max_inflight`` at a time. With ``fps`` the source is
     paced like a camera and ``captured`` is a frame's scheduled capture (``time.perf_counter``),
     so the time it waited for a free slot (a device that cannot keep the rate) is latency too.
+    With ``clock`` too (Unix seconds) frames are captured at ``clock + k / fps`` for whole ``k``,
+    from the first such instant on (:func:`first_tick`): cameras on one clock, each with its own
+    offset, keep their frames apart where they share a cloud.
     A source that fails ends the results with a ``SourceError`` after the frames already taken."""
+    if clock is not None and not fps:
+        raise SplitinferError(f"a frame clock needs a frame rate; got clock={clock} and fps={fps}")
     pending: deque[asyncio.Task[R]] = deque()
     sem = asyncio.Semaphore(max_inflight)
     done = asyncio.Event()
     ready = asyncio.Event()
-    start, start_pc = time.monotonic(), time.perf_counter()
+    wait = 0.0 if clock is None else first_tick(clock, fps, time.time()) - time.time()  # type: ignore[arg-type]
+    start, start_pc = time.monotonic() + wait, time.perf_counter() + wait
     failed: list[BaseException] = []
 
     async def produce() -> None:
@@ -75,6 +82,11 @@ async def pipeline(process: Callable[[F, float], Awaitable[R]], frames: Iterable
         producer.cancel()
         for t in pending:
             t.cancel()
+
+
+def first_tick(clock: float, fps: float, now: float) -> float:
+    """The first instant ``clock + k / fps`` (whole ``k``) at or after ``now`` (Unix seconds)."""
+    return clock + math.ceil((now - clock) * fps) / fps
 
 
 async def _aiter(frames: Any) -> AsyncIterator[Any]:

@@ -451,6 +451,37 @@ def test_the_source_makes_frames_at_the_lowest_priority(yolo_plan):
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the caller's thread is untouched
 
 
+def test_frames_are_captured_on_the_frame_clock():
+    """With a clock, a paced source's captures fall on ``clock + k / fps``: strategies (or
+    cameras) given one clock and their own offsets keep their frames apart. The clock's phase is
+    chosen away from now, so captures that started at once would miss it by ~half a frame."""
+    from splitinfer.edge.pipeline import first_tick, pipeline
+
+    fps = 4.0
+    clock = time.time() + 0.37  # 1.48 frames from now: a start at once is 0.52 of a frame off the clock
+    to_wall = time.time() - time.perf_counter()
+
+    async def main():
+        async def process(frame, captured):
+            return captured + to_wall
+        return [t async for t in pipeline(process, range(3), max_inflight=2, fps=fps, clock=clock)]
+    captures = arun(main())
+    for t in captures:
+        off = ((t - clock) * fps) % 1.0
+        assert min(off, 1 - off) < 0.05, (captures, clock)
+    assert captures[1] - captures[0] == pytest.approx(1 / fps, abs=0.01)
+    assert first_tick(10.0, 4.0, 10.3) == 10.5 and first_tick(10.0, 4.0, 10.5) == 10.5
+
+    async def no_rate():
+        return [r async for r in pipeline(process_nothing, range(1), max_inflight=1, clock=0.0)]
+
+    async def process_nothing(frame, captured):
+        return frame
+    from splitinfer import SplitinferError
+    with pytest.raises(SplitinferError, match="a frame clock needs a frame rate"):
+        arun(no_rate())
+
+
 def test_start_measures_this_device_before_the_first_frame(yolo_plan):
     """The plan's profile comes from the machine that made it; a slower device must not trust it
     for its first frames: start() times every edge segment here. The device 8x slower than this
@@ -853,6 +884,19 @@ def test_edge_run_command_against_cloud_serve(yolo_plan, tmp_path):
         p = subprocess.run([sys.executable, "-m", "splitinfer", "edge", "run", str(yolo_plan), "--cloud", "none",
                             "--candidate", "c99"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and "no candidate 'c99'" in p.stderr
+        # a frame clock without a frame rate is bad input: exit 2 naming the flag, nothing written
+        p = subprocess.run([sys.executable, "-m", "splitinfer", "edge", "run", str(yolo_plan), "--cloud", "none",
+                            "--frame-clock", "0.1", "--out", str(tmp_path / "no.jsonl")],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "--frame-clock 0.1: a frame clock needs --fps" in p.stderr, p.stderr
+        assert not (tmp_path / "no.jsonl").exists()
+        # on the clock: the first frame's instant is said (a link emulator's schedule starts there)
+        p = subprocess.run([sys.executable, "-m", "splitinfer", "edge", "run", str(yolo_plan), "--cloud", "none",
+                            "--frames", "2", "--fps", "5", "--frame-clock", "0.1", "--json"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        first = float(re.search(r"first frame at ([0-9.]+)", p.stderr).group(1))
+        assert ((first - 0.1) * 5) % 1 == pytest.approx(0, abs=1e-3) or ((first - 0.1) * 5) % 1 == pytest.approx(1, abs=1e-3)
     finally:
         cloud.send_signal(signal.SIGTERM)
         cloud.wait(30)
