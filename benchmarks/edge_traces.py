@@ -368,18 +368,27 @@ async def run_regime(plan_dir: Path, cloud_ports: list[int], regime: Regime, dev
                      parallel: int, tmp: Path, cpu: dict[str, float], full: Path | None = None,
                      key: str = "", spans: dict[str, tuple[float, float]] | None = None,
                      uplink: dict[str, float] | None = None,
-                     counts: dict[str, dict] | None = None) -> dict[str, list[dict]]:
-    """The strategies' records; ``cpu``, ``uplink``, ``counts`` (the agent's hedges, races, probes) and ``spans`` (strategy -> (start, end), wall
-    clock) are filled in. Strategies side by side (``parallel`` > 1) each have their own slot: its
-    cgroup and its own cloud process (``cloud_ports[slot]``), so they share the machine's two cores
-    but never a cloud's queue; and its own phase on one frame clock (slot k of N at k/N of the frame
-    interval), so their frames do not meet at the cores. Each started its frames when it was
-    ready, so which strategies' cloud frames met at the cores was settled once per run: 2026-12-08,
-    slow device, loopback, the adaptive agent and the pinned cloud both sent 60 of 60 frames to the
-    cloud and adaptive's cloud compute was 38-40 ms a frame against 32 in both repeats."""
+                     counts: dict[str, dict] | None = None,
+                     phases: dict[str, float] | None = None) -> dict[str, list[dict]]:
+    """The strategies' records; ``cpu``, ``uplink``, ``counts`` (the agent's hedges, races, probes), ``spans`` (strategy -> (start, end), wall
+    clock) and ``phases`` (strategy -> its frames' phase, a share of the frame interval) are filled in.
+    Strategies side by side (``parallel`` > 1) each have their own slot: its cgroup and its own
+    cloud process (``cloud_ports[slot]``), so they share the machine's two cores but never a cloud's
+    queue; and its own phase on one frame clock, the N slots at 0, 1/N, ... of the frame interval
+    in an order drawn for each run (seeded by ``key``).
+
+    Why: each strategy started its frames when it was ready, so which strategies' frames met at
+    the cores was settled once per run, and by the start-up's length partly by the strategy
+    (2026-12-08, slow device, loopback: the adaptive agent and the pinned cloud both sent 60 of 60
+    frames to the cloud, adaptive's cloud compute 38-40 ms a frame against 32 in both repeats). With
+    fixed phases by launch order the neighbours never changed (the pinned cloud always 1/5 of an
+    interval after b1, whose cloud segment ran when its frame arrived: the cloud's compute 35-41 ms
+    against adaptive's 31-36 in every run). Drawn per run, a strategy meets every neighbour alike."""
     spans = {} if spans is None else spans
+    phases = {} if phases is None else phases
     sem = asyncio.Semaphore(parallel)
     slots = list(range(parallel))
+    phase_of = random.Random(f"phases {key}").sample(range(parallel), parallel)  # slot -> its place on the clock
 
     async def one(s: str) -> tuple[str, list[dict]]:
         async with sem:
@@ -387,8 +396,9 @@ async def run_regime(plan_dir: Path, cloud_ports: list[int], regime: Regime, dev
             try:
                 out = tmp / f"{device}.{s}.jsonl"
                 t0 = time.time()
+                phases[s] = phase_of[slot] / parallel
                 recs = await run_strategy(plan_dir, cloud_ports[slot], regime, device, s, slot, out, cpu, uplink, counts,
-                                          phase=slot / parallel)
+                                          phase=phases[s])
                 spans[s] = (t0, time.time())
                 if full is not None:  # every field of every frame (predictions, conditions), for diagnosis
                     (full / f"{_safe(key)}.{s}.jsonl").write_text(out.read_text())
@@ -709,8 +719,9 @@ def main() -> None:
                 uplink: dict[str, float] = {}
                 counts: dict[str, dict] = {}
                 spans: dict[str, tuple[float, float]] = {}
+                phases: dict[str, float] = {}
                 recs = asyncio.run(run_regime(plan_dir, ports, regime, device, order, par, Path(tmp), cpu,
-                                              args.full_records, key, spans, uplink, counts))
+                                              args.full_records, key, spans, uplink, counts, phases))
                 n = int(regime.seconds * DEVICES[device][1])
                 for s, r in recs.items():
                     with gzip.open(RECORDS / f"{_safe(key)}.{s}.jsonl.gz", "wt") as f:
@@ -719,7 +730,7 @@ def main() -> None:
                                         "seconds": regime.seconds, "frames": n,
                                         "wall_s": round(time.monotonic() - t, 1), "code": code,
                                         "device_calibration": devices[device],
-                                        "order": order, "parallel": par, "cpu_ms_per_frame": cpu, "uplink_bytes_per_frame": uplink,
+                                        "order": order, "parallel": par, "phases": phases, "cpu_ms_per_frame": cpu, "uplink_bytes_per_frame": uplink,
                                         "agent_counts": counts,
                                         "machine_probe_ms": probe.during(spans),
                                         "summary": summarise(key, recs, n, int(args.warmup_s * DEVICES[device][1]),
