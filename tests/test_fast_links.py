@@ -83,6 +83,28 @@ def test_a_transfer_too_fast_to_time_is_a_lower_bound():
     assert m.raw_mbps() == pytest.approx(8.0)
 
 
+def test_before_any_timed_sample_an_expired_lower_bound_still_stands_over_the_prior():
+    """On loopback nothing is slow enough to time: the probes only ever give lower bounds. One
+    that expires must not hand the estimate back to the prior (the cloud's prediction rose from
+    ~36 to ~58 ms every few seconds and a split cut was taken instead); a bound below the prior
+    says nothing against it; a timed sample or an upper bound still moves it."""
+    now = [0.0]
+    m = BandwidthMonitor(clock=lambda: now[0])
+    assert m.add_transfer(37_000, 0.0001) == "floor"  # 37 KB too fast to time: at least 148 Mbit/s
+    bound = 37_000 * 8 / m.min_sample_s / 1e6
+    now[0] = m.floor_ttl_s + 5.0
+    assert m.lower_bound_mbps() is None and m.raw_mbps() == pytest.approx(bound)
+    m.add_ceiling(20.0, now[0])  # a small frame came back late: the link carried at most 20 Mbit/s
+    assert m.raw_mbps() == pytest.approx(20.0)
+    low = BandwidthMonitor(clock=lambda: now[0])
+    low.add_floor(0.5, 0.0)  # the link carried at least 0.5 Mbit/s: the 5 Mbit/s prior stands
+    assert low.raw_mbps() == pytest.approx(low.default_mbps)
+    now[0] += 1.0
+    assert m.add_transfer(100_000, 0.1) == "sample"  # timed: 8 Mbit/s is what the link does now
+    now[0] += m.ceiling_ttl_s + m.floor_ttl_s + 1.0
+    assert m.raw_mbps() == pytest.approx(8.0)
+
+
 def test_a_small_late_transfer_is_an_upper_bound():
     """A frame too small to be a throughput sample that came back late: the time its bytes took to
     arrive caps the estimate until a timed sample says what the link does, or the cap ages out."""
