@@ -32,8 +32,8 @@ async def pipeline(process: Callable[[F, float], Awaitable[R]], frames: Iterable
     from the first such instant on (:func:`first_tick`): cameras on one clock, each with its own
     offset, keep their frames apart where they share a cloud.
     A source that fails ends the results with a ``SourceError`` after the frames already taken."""
-    if clock is not None and not fps:
-        raise SplitinferError(f"a frame clock needs a frame rate; got clock={clock} and fps={fps}")
+    if clock is not None and not (fps and math.isfinite(clock)):
+        raise SplitinferError(f"a frame clock needs a finite time and a frame rate; got clock={clock} and fps={fps}")
     pending: deque[asyncio.Task[R]] = deque()
     sem = asyncio.Semaphore(max_inflight)
     done = asyncio.Event()

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import collections
 import contextlib
+import math
 import statistics
 import sys
 import time
@@ -478,8 +479,13 @@ def test_frames_are_captured_on_the_frame_clock():
     async def process_nothing(frame, captured):
         return frame
     from splitinfer import SplitinferError
-    with pytest.raises(SplitinferError, match="a frame clock needs a frame rate"):
+    with pytest.raises(SplitinferError, match="a frame clock needs a finite time and a frame rate"):
         arun(no_rate())
+
+    async def nan_clock():
+        return [r async for r in pipeline(process_nothing, range(1), max_inflight=1, fps=4.0, clock=math.nan)]
+    with pytest.raises(SplitinferError, match="got clock=nan and fps=4.0"):
+        arun(nan_clock())
 
 
 def test_start_measures_this_device_before_the_first_frame(yolo_plan):
