@@ -176,11 +176,8 @@ class BandwidthMonitor:
         loopback nothing is slow enough to time, and every 3 s the estimate fell from the last
         probe's 150-8400 Mbit/s back to the 5 Mbit/s prior: the fast device then took the 1.5 KB
         b1 cut over the all-cloud candidate for 21 of 240 frames, adaptive/cloud 1.16, 4edcbe0)."""
-        if self.samples == 0:
-            ewma = max(self.default_mbps, self._floor[0]) if self._floor is not None else self.default_mbps
-        else:
-            ewma = min(self.fast.value, self.slow.value)
-        bound = self.lower_bound_mbps()
+        ewma = self.default_mbps if self.samples == 0 else min(self.fast.value, self.slow.value)
+        bound = self._floor[0] if self._floor is not None and self.samples == 0 else self.lower_bound_mbps()
         est = max(ewma, bound) if bound is not None else ewma
         if self._ceiling is not None and self.clock() - self._ceiling[1] <= self.ceiling_ttl_s:
             est = min(est, self._ceiling[0])
